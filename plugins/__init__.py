@@ -1,0 +1,1 @@
+"""Built-in backend plugins, one module per runtime, loaded through entry points."""

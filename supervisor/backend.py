@@ -1,0 +1,185 @@
+"""The backend contract: everything that differs between runtimes.
+
+A backend class is instantiated per target. It builds the launch spec, probes
+readiness, reads metrics and turns the runtime's own failure output into a clear
+message. The supervisor never looks at runtime-specific flags, endpoints or
+log lines; it only calls these methods.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shlex
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import aiohttp
+
+from supervisor.config.schema import Target
+from supervisor.config.yamlsource import Problem
+from supervisor.errors import SpecfleetError
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to execute. `env` is added to the daemon's environment; secrets never go in argv."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: frozenset[str] = frozenset()  # names in env whose values must not be shown
+    files: Mapping[str, str] = field(default_factory=dict)  # path -> content, written first
+    cwd: str | None = None
+
+    def shell_line(self) -> str:
+        """The command as a sysadmin would type it; secret values masked."""
+        env = " ".join(f"{k}={'***' if k in self.secret_env else shlex.quote(v)}"
+                       for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+class Readiness(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+
+
+@dataclass(frozen=True)
+class Probe:
+    readiness: Readiness
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """Cumulative counters as the runtime reports them at one instant."""
+
+    process_start: float | None = None  # resets of all counters are detected by a change here
+    drafts: int = 0  # verification steps that carried a draft
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+    tokens_predicted: int = 0
+    tokens_predicted_seconds: float = 0.0
+    prompt_tokens: int = 0
+    requests_processing: int = 0
+    requests_deferred: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.tokens_predicted_seconds <= 0:
+            return None
+        return self.tokens_predicted / self.tokens_predicted_seconds
+
+
+class FailureKind(enum.Enum):
+    CRASH = "crash"
+    HANG = "hang"
+    START_TIMEOUT = "start_timeout"
+    LOAD_ERROR = "load_error"  # the runtime could not load the model: retrying will not help
+    BAD_ARGUMENTS = "bad_arguments"
+    OUT_OF_MEMORY = "out_of_memory"
+    PORT_IN_USE = "port_in_use"
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureKind
+    summary: str
+    retryable: bool = True
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    binary: str
+    version: str = "unknown"
+
+
+class Backend:
+    """Subclass per runtime; register the subclass from a `register_backends` hook."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    # No runtime known in 2026 changes the draft length while running (see RUNTIMES.md);
+    # a backend that can says so here and the tuner may skip the restart.
+    live_draft_length: ClassVar[bool] = False
+    # The executable looked up on PATH when the target sets no `binary:`.
+    default_binary: ClassVar[str] = ""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    # --- static checks (specfleet check, and before every start) ---
+
+    @classmethod
+    def check(cls, target: Target) -> list[Problem]:
+        """Problems with this target that the schema cannot see (paths relative to the target)."""
+        return []
+
+    def tunable_length(self) -> str | None:
+        """What the draft length means for this target's method, or None if nothing tunes."""
+        return None
+
+    # --- launching ---
+
+    def resolve_binary(self) -> str:
+        """The runtime executable: `binary:` from the fleet file, else PATH."""
+        if self.target.binary:
+            return str(Path(self.target.binary).expanduser())
+        found = shutil.which(self.default_binary) if self.default_binary else None
+        if found is None:
+            raise SpecfleetError(
+                f"{self.default_binary} was not found on PATH; set binary: for target "
+                f"'{self.target.name}'")
+        return found
+
+    async def preflight(self) -> RuntimeInfo:
+        """Checks that need the runtime itself (its version, its flags); raise SpecfleetError."""
+        return RuntimeInfo(self.resolve_binary())
+
+    def launch_spec(self, draft_length: int | None = None) -> LaunchSpec:
+        raise NotImplementedError
+
+    def api_key(self) -> str | None:
+        """Read the API key from its source; never log the result."""
+        source = self.target.api_key
+        if source is None:
+            return None
+        if source.env is not None:
+            value = os.environ.get(source.env)
+            if value is None:
+                raise SpecfleetError(
+                    f"target '{self.target.name}': api_key.env names {source.env}, which is not set")
+            return value
+        try:
+            return Path(str(source.file)).expanduser().read_text().strip()
+        except OSError as exc:
+            raise SpecfleetError(
+                f"target '{self.target.name}': cannot read api_key.file {source.file}: "
+                f"{exc.strerror}") from exc
+
+    def auth_headers(self) -> dict[str, str]:
+        key = self.api_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    # --- monitoring ---
+
+    async def probe(self, http: aiohttp.ClientSession) -> Probe:
+        """One readiness probe. Connection errors and timeouts propagate to the caller."""
+        raise NotImplementedError
+
+    async def read_metrics(self, http: aiohttp.ClientSession) -> MetricsSample | None:
+        """Current counters, or None if this runtime exposes none."""
+        return None
+
+    def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
+        """Recognise the runtime's own failure messages; None if nothing is recognised."""
+        return None
+

@@ -1,0 +1,1 @@
+"""Fleet file loading: line-aware YAML, schema, cross-checks."""

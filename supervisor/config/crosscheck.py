@@ -1,0 +1,84 @@
+"""Checks that span fields or targets; pure functions of a validated Fleet."""
+
+from __future__ import annotations
+
+from supervisor.config.schema import METHODS_NEEDING_DRAFT, METHODS_WITH_DRAFT_FILE, Fleet, Target
+from supervisor.config.yamlsource import Problem
+
+_WILDCARDS = {"0.0.0.0", "::", "", "*"}
+
+
+def _hosts_overlap(a: str, b: str) -> bool:
+    return a == b or a in _WILDCARDS or b in _WILDCARDS or {a, b} <= {"127.0.0.1", "localhost"}
+
+
+def check_speculation(target: Target) -> list[Problem]:
+    spec, base = target.speculation, ("targets", target.name, "speculation")
+    problems: list[Problem] = []
+    if spec.method == "none" and spec.draft:
+        problems.append(Problem((*base, "draft"),
+            f"a draft file is set but method is none; set method: draft "
+            f"(or {', '.join(m for m in METHODS_WITH_DRAFT_FILE if m != 'draft')}) or remove draft"))
+    if spec.method in METHODS_NEEDING_DRAFT and not spec.draft:
+        problems.append(Problem((*base, "method"),
+            f"method {spec.method} needs a draft file; add draft: /path/to/draft.gguf"))
+    if spec.method == "ngram" and spec.draft:
+        problems.append(Problem((*base, "draft"),
+            "n-gram speculation drafts from the context and takes no draft file; remove draft"))
+    if spec.variant is not None and spec.method != "ngram":
+        problems.append(Problem((*base, "variant"),
+            f"variant applies to method ngram only (method is {spec.method}); remove variant"))
+    length = spec.length
+    if length.max is not None and length.min > length.max:
+        problems.append(Problem((*base, "length", "min"),
+            f"min ({length.min}) is greater than max ({length.max})"))
+    if length.start is not None:
+        if length.start < length.min:
+            problems.append(Problem((*base, "length", "start"),
+                f"start ({length.start}) is below min ({length.min})"))
+        if length.max is not None and length.start > length.max:
+            problems.append(Problem((*base, "length", "start"),
+                f"start ({length.start}) is above max ({length.max})"))
+    return problems
+
+
+def check_restart_and_health(target: Target) -> list[Problem]:
+    problems = []
+    r = target.restart
+    if r.backoff_initial > r.backoff_max:
+        problems.append(Problem(("targets", target.name, "restart", "backoff_initial"),
+            f"backoff_initial ({r.backoff_initial:g}s) is longer than backoff_max "
+            f"({r.backoff_max:g}s)"))
+    if target.health.interval <= 0:
+        problems.append(Problem(("targets", target.name, "health", "interval"),
+                                "interval must be longer than 0s"))
+    return problems
+
+
+def check_ports(fleet: Fleet) -> list[Problem]:
+    problems = []
+    seen: list[tuple[str, int, str]] = []
+    api_host, _, api_port = fleet.daemon.api.rpartition(":")
+    for name, target in fleet.targets.items():
+        for other_host, other_port, other in seen:
+            if other_port == target.port and _hosts_overlap(other_host, target.host):
+                problems.append(Problem(("targets", name, "port"),
+                    f"port {target.port} is already used by target '{other}' "
+                    f"(targets.{other}.port); every target needs its own port"))
+                break
+        if int(api_port) == target.port and _hosts_overlap(api_host, target.host):
+            problems.append(Problem(("targets", name, "port"),
+                f"port {target.port} is the daemon's API port (daemon.api: {fleet.daemon.api})"))
+        seen.append((target.host, target.port, name))
+    return problems
+
+
+def cross_check(fleet: Fleet) -> list[Problem]:
+    problems = check_ports(fleet)
+    for target in fleet.targets.values():
+        problems += check_speculation(target)
+        problems += check_restart_and_health(target)
+    if not fleet.targets:
+        problems.append(Problem(("targets",), "no targets are defined; the daemon will idle",
+                                "warning"))
+    return problems

@@ -1,0 +1,204 @@
+"""Fleet file schema, version 1, as frozen pydantic models.
+
+Every knob has the default a sysadmin would pick; the defaults are documented in
+docs/fleet-file.md. Models are frozen so that a reload can compare a target's old
+and new definition with `==` and restart only what changed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from supervisor.config.units import parse_duration, parse_size
+
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+
+METHODS = ("none", "draft", "eagle3", "mtp", "dflash", "ngram")
+NGRAM_VARIANTS = ("mod", "simple", "map-k", "map-k4v", "cache")
+# Methods whose drafts come from a separate file; MTP may use layers inside the target.
+METHODS_NEEDING_DRAFT = ("draft", "eagle3", "dflash")
+METHODS_WITH_DRAFT_FILE = ("draft", "eagle3", "dflash", "mtp")
+LAUNCHERS = ("process",)
+
+
+def default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/specfleet"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "specfleet")
+
+
+def _argv_item(value: Any) -> Any:
+    # `args: [-ngl, 99]` is natural YAML; the 99 arrives as an int.
+    if isinstance(value, list):
+        return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                for v in value]
+    return value
+
+
+def _env_values(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                for k, v in value.items()}
+    return value
+
+
+def _gpus(value: Any) -> Any:
+    if value is None or value in ("all", "none"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return tuple(value)
+    raise ValueError("expected a GPU index, a list of indices such as [0, 1], 'all' or 'none'")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Length(_Strict):
+    """Draft length (tokens drafted per step): where to start and the bounds the tuner keeps to."""
+
+    start: int | None = Field(default=None, ge=0, le=1024)
+    min: int = Field(default=1, ge=0, le=1024)
+    max: int | None = Field(default=None, ge=1, le=1024)
+
+
+class Speculation(_Strict):
+    method: Literal["none", "draft", "eagle3", "mtp", "dflash", "ngram"] = "none"
+    variant: Literal["mod", "simple", "map-k", "map-k4v", "cache"] | None = None
+    draft: str | None = None
+    length: Length = Length()
+
+
+class ApiKey(_Strict):
+    """Where the API key comes from; the key itself never appears in the fleet file or logs."""
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ApiKey:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of env: VARIABLE or file: /path/to/key")
+        return self
+
+
+class Restart(_Strict):
+    backoff_initial: Seconds = 2.0
+    backoff_max: Seconds = 300.0
+    backoff_multiplier: float = Field(default=2.0, ge=1.0, le=10.0)
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+    max_crashes: int = Field(default=5, ge=1, le=1000)
+    window: Seconds = 600.0
+    stop_grace: Seconds = 15.0
+
+
+class Health(_Strict):
+    interval: Seconds = 5.0
+    timeout: Seconds = Field(default=5.0, gt=0)
+    failures: int = Field(default=3, ge=1, le=100)
+    start_timeout: Seconds = 600.0
+    metrics_interval: Seconds = 15.0
+
+
+class TargetDefaults(_Strict):
+    """Keys under `defaults:`; every target inherits them (mappings merge key by key)."""
+
+    backend: str | None = None
+    launcher: Literal["process"] | None = None
+    host: str | None = None
+    gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
+    speculation: Speculation | None = None
+    args: Annotated[tuple[str, ...], BeforeValidator(_argv_item)] = ()
+    env: Annotated[dict[str, str], BeforeValidator(_env_values)] = Field(default_factory=dict)
+    binary: str | None = None
+    api_key: ApiKey | None = None
+    restart: Restart | None = None
+    health: Health | None = None
+
+
+class Target(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    backend: str = "llamacpp"
+    launcher: Literal["process"] = "process"
+    model: str
+    speculation: Speculation = Speculation()
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
+    args: Annotated[tuple[str, ...], BeforeValidator(_argv_item)] = ()
+    env: Annotated[dict[str, str], BeforeValidator(_env_values)] = Field(default_factory=dict)
+    binary: str | None = None
+    api_key: ApiKey | None = None
+    restart: Restart = Restart()
+    health: Health = Health()
+
+    @property
+    def probe_host(self) -> str:
+        """Where to connect: a wildcard bind is reachable on loopback."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "", "*") else (
+            "::1" if self.host == "::" else self.host)
+
+    @property
+    def base_url(self) -> str:
+        host = self.probe_host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+
+class Daemon(_Strict):
+    state_dir: str = Field(default_factory=default_state_dir)
+    log_dir: str | None = None  # default: <state_dir>/logs
+    api: str = "127.0.0.1:9910"
+    log_max_bytes: Bytes = 10 * 1024 * 1024
+    log_backups: int = Field(default=3, ge=0, le=100)
+
+    @field_validator("api")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError("expected HOST:PORT such as 127.0.0.1:9910")
+        return value
+
+    @property
+    def logs(self) -> Path:
+        return Path(self.log_dir) if self.log_dir else Path(self.state_dir) / "logs"
+
+
+class Fleet(_Strict):
+    version: Literal[1]
+    daemon: Daemon = Daemon()
+    defaults: TargetDefaults = TargetDefaults()
+    targets: dict[str, Target] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
+            return data
+        defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+        targets = {}
+        for name, raw in data["targets"].items():
+            if isinstance(raw, dict):
+                raw = {"name": name, **merge(defaults, raw)}
+            targets[name] = raw
+        return {**data, "targets": targets}
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else in `over` replaces `base`."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out

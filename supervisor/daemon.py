@@ -1,0 +1,184 @@
+"""The daemon: one TargetSupervisor per target, signals, reload, the status file.
+
+Signal handlers only record what arrived; the main loop acts on it (uvicorn's
+pattern), so a handler never runs in the middle of a state change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from supervisor import __version__, statusfile
+from supervisor.config.loader import LoadedFleet, load_fleet
+from supervisor.config.schema import Fleet, Target
+from supervisor.errors import FleetFileError, SpecfleetError
+from supervisor.events import Event, EventBus, EventLog
+from supervisor.launcher.process import ProcessLauncher
+from supervisor.logs import get_logger
+from supervisor.registry import BackendRegistry
+from supervisor.target import TargetSupervisor
+
+STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happens
+
+
+class Daemon:
+    def __init__(self, fleet_path: Path, loaded: LoadedFleet, registry: BackendRegistry) -> None:
+        self.fleet_path = fleet_path
+        self.fleet: Fleet = loaded.fleet
+        self.registry = registry
+        self.events = EventBus()
+        self.log = get_logger()
+        settings = self.fleet.daemon
+        self.state_dir = Path(settings.state_dir).expanduser()
+        self.launcher = ProcessLauncher(settings.logs.expanduser(), self.state_dir,
+                                        settings.log_max_bytes, settings.log_backups)
+        self.supervisors: dict[str, TargetSupervisor] = {}
+        self._signals: asyncio.Queue[int] = asyncio.Queue()
+        self._http: aiohttp.ClientSession | None = None
+        self._started = time.time()
+        self._create_time = psutil.Process().create_time()
+        self.events.subscribe(self._log_event)
+        self.events.subscribe(lambda _: self.write_status())
+
+    # --- lifecycle ---
+
+    async def run(self) -> int:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self._single_instance(), EventLog(self.state_dir / "events.jsonl") as event_log:
+            self.events.subscribe(event_log.append)
+            if killed := self.launcher.sweep_orphans():
+                self.log.warning("killed processes left by a daemon that died uncleanly",
+                                 processes=killed)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.add_signal_handler(sig, self._signals.put_nowait, sig)
+            # Connection: close on every probe: an idle keep-alive connection would tie up
+            # one of llama-server's few HTTP worker threads.
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+            try:
+                self.emit("daemon", f"specfleet {__version__} started with {self.fleet_path} "
+                          f"({len(self.fleet.targets)} targets)")
+                for target in self.fleet.targets.values():
+                    self._add(target)
+                await self._main_loop()
+            finally:
+                await self._stop_all("daemon stopping")
+                await self._http.close()
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    loop.remove_signal_handler(sig)
+                self.emit("daemon", "specfleet stopped")
+        return 0
+
+    async def _main_loop(self) -> None:
+        while True:
+            try:
+                sig = await asyncio.wait_for(self._signals.get(), timeout=STATUS_REFRESH)
+            except TimeoutError:
+                self.write_status()
+                continue
+            if sig == signal.SIGHUP:
+                await self.reload()
+            else:
+                self.emit("daemon", f"received {signal.Signals(sig).name}: stopping every target")
+                return
+
+    @contextlib.contextmanager
+    def _single_instance(self):  # type: ignore[no-untyped-def]
+        lock_path = self.state_dir / "daemon.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise SpecfleetError(f"another specfleet daemon (pid {holder}) is using state_dir "
+                                 f"{self.state_dir}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            os.close(fd)
+
+    # --- targets ---
+
+    def _add(self, target: Target) -> None:
+        assert self._http is not None
+        sup = TargetSupervisor(target, self.registry.backend_for(target), self.launcher,
+                               self.events, self._http,
+                               log_file=str(self.launcher.log_path(target.name)))
+        self.supervisors[target.name] = sup
+        sup.launch()
+
+    async def _stop_all(self, reason: str) -> None:
+        # Reverse file order: what was listed first (often what others depend on) stops last.
+        for sup in reversed(list(self.supervisors.values())):
+            await sup.shutdown(reason)
+
+    async def reload(self) -> bool:
+        """Apply a changed fleet file; a bad file changes nothing."""
+        try:
+            loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
+                                             self.registry.check_target)
+        except FleetFileError as exc:
+            for problem in exc.problems:
+                self.log.error("reload rejected", problem=problem)
+            self.emit("reload", f"reload rejected: {len(exc.problems)} problem(s) in "
+                      f"{self.fleet_path}; the running fleet is unchanged",
+                      detail="\n".join(exc.problems))
+            return False
+        new = loaded.fleet
+        if new.daemon != self.fleet.daemon:
+            self.log.warning("daemon: settings changed; they take effect when the daemon restarts")
+        old_targets, new_targets = self.fleet.targets, new.targets
+        removed = [n for n in old_targets if n not in new_targets]
+        added = [n for n in new_targets if n not in old_targets]
+        changed = [n for n in new_targets if n in old_targets and new_targets[n] != old_targets[n]]
+        self.emit("reload", f"reloaded {self.fleet_path}: {len(added)} added, {len(removed)} "
+                  f"removed, {len(changed)} changed",
+                  data={"added": added, "removed": removed, "changed": changed})
+        self.fleet = new
+        for name in removed:
+            await self.supervisors.pop(name).shutdown("removed from the fleet file")
+        for name in changed:
+            await self.supervisors.pop(name).shutdown("changed in the fleet file")
+            self._add(new_targets[name])
+        for name in added:
+            self._add(new_targets[name])
+        # Keep file order for status and for the stop order.
+        self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
+        return True
+
+    # --- events and status ---
+
+    def emit(self, kind: str, reason: str, detail: str | None = None,
+             data: dict[str, Any] | None = None) -> None:
+        self.events.emit(Event("-", kind, reason, detail=detail, data=data or {}))
+
+    def _log_event(self, event: Event) -> None:
+        if event.kind == "state":
+            level = "error" if event.new == "failed" else (
+                "warning" if event.new in ("backoff", "degraded") else "info")
+            getattr(self.log, level)(f"{event.old} -> {event.new}", target=event.target,
+                                     reason=event.reason, **event.data)
+            if event.detail and event.new in ("backoff", "failed"):
+                self.log.warning("runtime output (last lines)", target=event.target,
+                                 output=event.detail)
+        elif event.kind != "state":
+            self.log.info(event.reason, event=event.kind, **event.data)
+
+    def write_status(self) -> None:
+        daemon = {"pid": os.getpid(), "create_time": self._create_time, "version": __version__,
+                  "fleet_file": str(self.fleet_path), "started": self._started,
+                  "updated": time.time(), "state_dir": str(self.state_dir)}
+        statusfile.write(self.state_dir, daemon, [s.status() for s in self.supervisors.values()])

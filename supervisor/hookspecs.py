@@ -1,0 +1,15 @@
+"""Plugin hooks. Hooks only register things; behaviour lives on the Backend base class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("specfleet")
+hookimpl = pluggy.HookimplMarker("specfleet")
+
+
+@hookspec
+def register_backends(register: Callable[[type], None]) -> None:
+    """Call register(BackendSubclass) once for each backend this plugin provides."""

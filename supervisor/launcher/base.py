@@ -1,0 +1,35 @@
+"""The launcher interface. The per-target state machine does not care which launcher runs it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from supervisor.backend import LaunchSpec
+
+
+class RunningProcess(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None:
+        """None while running; negative for death by signal, as in subprocess."""
+
+    async def wait(self) -> int:
+        """Wait for exit (and for its output to be drained); return the exit status."""
+
+    async def stop(self, grace: float) -> int:
+        """SIGTERM, `grace` seconds, then SIGKILL; everything the process started goes too."""
+
+    def kill(self) -> None:
+        """SIGKILL at once (a hung or stopped process does not answer SIGTERM)."""
+
+    def output_tail(self, lines: int = 20) -> str:
+        """The last lines the runtime wrote to stdout/stderr."""
+
+
+class Launcher(Protocol):
+    async def start(self, name: str, spec: LaunchSpec) -> RunningProcess: ...
+
+    def sweep_orphans(self) -> list[str]:
+        """Kill what a previous daemon that died uncleanly left running; say what was killed."""

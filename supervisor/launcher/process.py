@@ -1,0 +1,205 @@
+"""The embedded default launcher: each target is a child process in its own process group.
+
+No orphans, by three layers:
+1. stop() signals the whole process group (SIGTERM, grace, SIGKILL), so helpers
+   a runtime forks go with it;
+2. every child gets PR_SET_PDEATHSIG=SIGKILL, so the kernel kills it when the
+   daemon dies by any means, SIGKILL included;
+3. the pids of running children are recorded in the state directory; a daemon
+   that starts after an unclean death kills any recorded process group that is
+   still alive (same pid and start time, so a recycled pid is never hit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+from collections import deque
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
+
+import psutil
+
+from supervisor.backend import LaunchSpec
+
+PR_SET_PDEATHSIG = 1
+_TAIL_LINES = 200
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Runs in the child between fork and exec."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The parent may have died before prctl took effect: then nobody would kill us.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+class OutputLog:
+    """A target's stdout+stderr: a rotating file on disk and the last lines in memory."""
+
+    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups,
+                                            encoding="utf-8")
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+
+    def write(self, line: str, keep: bool = True) -> None:
+        if keep:
+            self.tail.append(line)
+        self._handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+
+    def close(self) -> None:
+        self._handler.close()
+
+
+class ChildRegistry:
+    """pids of running children in <state_dir>/children.json, for the orphan sweep."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self) -> dict[str, dict[str, float]]:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _write(self, data: dict[str, dict[str, float]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.path)
+
+    def add(self, name: str, pid: int) -> None:
+        data = self._read()
+        with contextlib.suppress(psutil.Error):
+            data[name] = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+            self._write(data)
+
+    def remove(self, name: str, pid: int) -> None:
+        data = self._read()
+        if data.get(name, {}).get("pid") == pid:
+            del data[name]
+            self._write(data)
+
+    def sweep(self) -> list[str]:
+        killed = []
+        for name, entry in self._read().items():
+            try:
+                proc = psutil.Process(int(entry["pid"]))
+                if abs(proc.create_time() - float(entry["create_time"])) > 0.01:
+                    continue  # the pid was recycled: not ours
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed.append(f"{name} (pid {proc.pid})")
+            except (psutil.Error, ProcessLookupError, KeyError, ValueError, TypeError):
+                continue
+        self._write({})
+        return killed
+
+
+class ChildProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, log: OutputLog,
+                 registry: ChildRegistry, name: str) -> None:
+        self._proc = proc
+        self._log = log
+        self._registry = registry
+        self._name = name
+        self._reader = asyncio.create_task(self._pump(), name=f"output:{name}")
+        self._exit = asyncio.create_task(self._reap(), name=f"reap:{name}")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            self._log.write(line.decode(errors="replace").rstrip("\n"))
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    async def _reap(self) -> int:
+        code = await self._proc.wait()
+        # The group may outlive its leader (a forked helper): it must not.
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout=5)
+        if not self._reader.done():
+            self._reader.cancel()
+        self._registry.remove(self._name, self.pid)
+        self._log.write(f"--- specfleet: pid {self.pid} exited with status {code} ---", keep=False)
+        self._log.close()
+        return code
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def kill(self) -> None:
+        self._signal_group(signal.SIGKILL)
+
+    async def stop(self, grace: float) -> int:
+        if self._proc.returncode is None:
+            self._signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            self._signal_group(signal.SIGTERM)
+            try:
+                return await asyncio.wait_for(self.wait(), timeout=grace)
+            except TimeoutError:
+                self._signal_group(signal.SIGKILL)
+        return await self.wait()
+
+    def output_tail(self, lines: int = 20) -> str:
+        return "\n".join(list(self._log.tail)[-lines:])
+
+
+class ProcessLauncher:
+    def __init__(self, log_dir: Path, state_dir: Path, max_bytes: int = 10 * 1024 * 1024,
+                 backups: int = 3) -> None:
+        self.log_dir = log_dir
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.children = ChildRegistry(state_dir / "children.json")
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    async def start(self, name: str, spec: LaunchSpec) -> ChildProcess:
+        for path, content in spec.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
+        log = OutputLog(self.log_path(name), self.max_bytes, self.backups)
+        log.write(f"--- specfleet: starting {spec.shell_line()} ---", keep=False)
+        parent = os.getpid()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ, **spec.env},
+                cwd=spec.cwd,
+                start_new_session=True,  # own session and process group
+                preexec_fn=lambda: _die_with_parent(parent),
+            )
+        except OSError:
+            log.close()
+            raise
+        self.children.add(name, proc.pid)
+        return ChildProcess(proc, log, self.children, name)
+
+    def sweep_orphans(self) -> list[str]:
+        return self.children.sweep()

@@ -1,0 +1,61 @@
+"""Restart policy: pure functions of the crash history and the target's settings.
+
+Defaults (see docs/fleet-file.md): first restart after 2 s, doubling up to 5 min,
+±20 % jitter so that targets that crashed together do not restart in lockstep;
+the 5th crash within 10 minutes ends in `failed`. A failure the runtime itself
+calls permanent (it could not load the model, it rejected its arguments, it ran
+out of memory) is not retried: the same start would fail the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.backend import Failure
+from supervisor.config.schema import Health, Restart
+from supervisor.config.units import format_duration
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    give_up: bool
+    delay: float
+    reason: str
+
+
+def recent_crashes(crash_times: tuple[float, ...], now: float, window: float) -> int:
+    return sum(1 for t in crash_times if now - t <= window)
+
+
+def after_failure(failure: Failure, crash_times: tuple[float, ...], now: float,
+                  settings: Restart, rand: float) -> RestartDecision:
+    """Decide what follows a failure. `crash_times` includes this one; `rand` is in [0, 1)."""
+    if not failure.retryable:
+        return RestartDecision(True, 0.0, f"{failure.summary}; not restarting: the same start "
+                               "would fail the same way (fix it, then reload or restart)")
+    n = recent_crashes(crash_times, now, settings.window)
+    if n >= settings.max_crashes:
+        return RestartDecision(True, 0.0, f"{failure.summary}; {n} crashes within "
+                               f"{format_duration(settings.window)}: giving up (crash loop)")
+    delay = min(settings.backoff_max,
+                settings.backoff_initial * settings.backoff_multiplier ** (n - 1))
+    delay *= 1.0 + settings.jitter * (2.0 * rand - 1.0)
+    return RestartDecision(False, max(0.0, delay),
+                           f"{failure.summary}; restart {n} of {settings.max_crashes - 1} "
+                           f"allowed within {format_duration(settings.window)}, in {delay:.1f}s")
+
+
+@dataclass
+class LivenessTracker:
+    """Counts consecutive failed health checks; a hang is `failures` of them in a row."""
+
+    settings: Health
+    consecutive: int = 0
+
+    def ok(self) -> None:
+        self.consecutive = 0
+
+    def failed(self) -> bool:
+        """Record a failed check; True when the process should be declared hung."""
+        self.consecutive += 1
+        return self.consecutive >= self.settings.failures

@@ -1,0 +1,92 @@
+"""Backend discovery: built-ins and third-party plugins load by one path.
+
+Every backend, ours included, is found through the entry-point group
+`specfleet.backends`, so a third-party package is a peer of the built-ins.
+`check_pending()` makes a misspelled hook implementation fail at start-up
+instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cache
+from types import ModuleType
+
+import pluggy
+
+from supervisor import hookspecs
+from supervisor.backend import Backend
+from supervisor.config.loader import did_you_mean
+from supervisor.config.schema import Target
+from supervisor.config.yamlsource import Problem
+from supervisor.errors import SpecfleetError
+
+ENTRY_POINT_GROUP = "specfleet.backends"
+
+
+class BackendRegistry:
+    def __init__(self, backends: dict[str, type[Backend]]) -> None:
+        self._backends = backends
+
+    def names(self) -> list[str]:
+        return sorted(self._backends)
+
+    def get(self, name: str) -> type[Backend] | None:
+        return self._backends.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._backends
+
+    def check_target(self, target: Target) -> list[Problem]:
+        """Backend-specific checks of one target, for the fleet loader."""
+        cls = self._backends.get(target.backend)
+        if cls is None:
+            hint = did_you_mean(target.backend, self._backends)
+            return [Problem(("backend",), f"backend {target.backend!r} is not installed{hint}; "
+                                          f"installed: {', '.join(self.names())}")]
+        return cls.check(target)
+
+    def backend_for(self, target: Target) -> Backend:
+        cls = self._backends.get(target.backend)
+        if cls is None:
+            raise SpecfleetError(f"backend {target.backend!r} is not installed")
+        return cls(target)
+
+
+def build_registry(extra_plugins: Iterable[ModuleType | object] = (),
+                   entry_points: bool = True) -> BackendRegistry:
+    pm = pluggy.PluginManager("specfleet")
+    pm.add_hookspecs(hookspecs)
+    try:
+        if entry_points:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        for plugin in extra_plugins:
+            pm.register(plugin)
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise SpecfleetError(f"backend plugin {exc.plugin!r} is invalid: {exc}") from exc
+    except Exception as exc:  # an entry point that fails to import: name it
+        raise SpecfleetError(f"a backend plugin failed to load: {type(exc).__name__}: {exc}") from exc
+
+    backends: dict[str, type[Backend]] = {}
+
+    def register(cls: type) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Backend)) or not getattr(cls, "name", ""):
+            raise SpecfleetError(f"{cls!r} is not a Backend subclass with a name")
+        if cls.name in backends and backends[cls.name] is not cls:
+            raise SpecfleetError(
+                f"two plugins register backend '{cls.name}': "
+                f"{backends[cls.name].__module__} and {cls.__module__}")
+        backends[cls.name] = cls
+
+    pm.hook.register_backends(register=register)
+    if not backends:
+        raise SpecfleetError(
+            "no backends are installed: specfleet's own backends load through the "
+            f"'{ENTRY_POINT_GROUP}' entry points; install the package (pip install -e .)")
+    return BackendRegistry(backends)
+
+
+@cache
+def default_registry() -> BackendRegistry:
+    return build_registry()

@@ -1,0 +1,30 @@
+"""Target states and the transitions allowed between them."""
+
+from __future__ import annotations
+
+import enum
+
+
+class State(enum.StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"  # preflight and exec
+    LOADING = "loading"  # process runs, not yet serving (health 503 or not listening)
+    READY = "ready"
+    DEGRADED = "degraded"  # running, but health checks are failing
+    BACKOFF = "backoff"  # crashed; waiting before the next start
+    FAILED = "failed"  # gave up; needs a change or a manual restart
+    STOPPING = "stopping"
+
+
+RUNNING = frozenset({State.LOADING, State.READY, State.DEGRADED})
+
+ALLOWED: dict[State, frozenset[State]] = {
+    State.STOPPED: frozenset({State.STARTING}),
+    State.STARTING: frozenset({State.LOADING, State.BACKOFF, State.FAILED, State.STOPPED}),
+    State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING}),
+    State.READY: frozenset({State.DEGRADED, State.BACKOFF, State.FAILED, State.STOPPING}),
+    State.DEGRADED: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING}),
+    State.BACKOFF: frozenset({State.STARTING, State.FAILED, State.STOPPED}),
+    State.FAILED: frozenset({State.STARTING, State.STOPPED}),
+    State.STOPPING: frozenset({State.STOPPED, State.STARTING}),
+}

@@ -1,0 +1,303 @@
+"""TargetSupervisor: one asyncio task owns one target's state.
+
+Everything else sends it commands (start, stop, restart, shutdown) through a
+queue; only the owner task changes the state, through `_set_state`, which checks
+the transition against ALLOWED, drops no-op transitions and emits an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from supervisor import policy
+from supervisor.backend import Backend, Failure, FailureKind, MetricsSample, Readiness
+from supervisor.config.schema import Target
+from supervisor.errors import SpecfleetError
+from supervisor.events import Event, EventBus
+from supervisor.launcher.base import Launcher, RunningProcess
+from supervisor.states import ALLOWED, State
+
+
+@dataclass(frozen=True)
+class Command:
+    kind: str  # "start" | "stop" | "restart" | "shutdown"
+    reason: str
+
+
+@dataclass
+class TargetStatus:
+    """What `specfleet status` and the API show; a plain snapshot, safe to serialise."""
+
+    name: str
+    backend: str
+    endpoint: str
+    state: str
+    since: float
+    pid: int | None = None
+    started_at: float | None = None
+    restarts: int = 0
+    last_event: dict[str, Any] | None = None
+    failure_output: str | None = None
+    runtime: dict[str, str] = field(default_factory=dict)
+    speculation: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    log_file: str | None = None
+
+
+def _exit_description(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by signal {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class TargetSupervisor:
+    def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
+                 http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
+                 rand: Callable[[], float] = random.random, log_file: str | None = None) -> None:
+        self.target = target
+        self.backend = backend
+        self.launcher = launcher
+        self.events = events
+        self.http = http
+        self.clock = clock
+        self.rand = rand
+        self.state = State.STOPPED
+        self.since = time.time()
+        self.process: RunningProcess | None = None
+        self.started_at: float | None = None
+        self.restarts = 0
+        self.last_event: Event | None = None
+        self.failure_output: str | None = None
+        self.runtime: dict[str, str] = {}
+        self.metrics: MetricsSample | None = None
+        self.draft_length: int | None = target.speculation.length.start
+        self.log_file = log_file
+        self._crash_times: list[float] = []
+        self._commands: asyncio.Queue[Command] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._pending_reason = "daemon started"  # the reason the next start will carry
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    # --- the API other tasks use ---
+
+    def launch(self) -> asyncio.Task[None]:
+        """Start the owner task; the target starts at once."""
+        self._task = asyncio.create_task(self.run(), name=f"target:{self.name}")
+        return self._task
+
+    def send(self, kind: str, reason: str) -> None:
+        self._commands.put_nowait(Command(kind, reason))
+
+    async def shutdown(self, reason: str) -> None:
+        """Stop the process and end the owner task."""
+        if self._task is None or self._task.done():
+            return
+        self.send("shutdown", reason)
+        await self._task
+
+    def status(self) -> TargetStatus:
+        spec = self.target.speculation
+        return TargetStatus(
+            name=self.name, backend=self.target.backend, endpoint=self.target.base_url,
+            state=self.state.value, since=self.since,
+            pid=self.process.pid if self.process and self.process.returncode is None else None,
+            started_at=self.started_at, restarts=self.restarts,
+            last_event=self.last_event.to_dict() if self.last_event else None,
+            failure_output=self.failure_output, runtime=dict(self.runtime),
+            speculation={"method": spec.method, "variant": spec.variant,
+                         "draft_length": self.draft_length,
+                         "tunable": self.backend.tunable_length()},
+            metrics=_metrics_view(self.metrics), log_file=self.log_file)
+
+    # --- the owner task ---
+
+    def _set_state(self, new: State, reason: str, detail: str | None = None,
+                   **data: Any) -> None:
+        if new == self.state:
+            return
+        if new not in ALLOWED[self.state]:
+            raise RuntimeError(f"{self.name}: transition {self.state} -> {new} is not allowed")
+        event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
+        self.state, self.since, self.last_event = new, event.time, event
+        self.events.emit(event)
+
+    async def run(self) -> None:
+        want_running = True
+        try:
+            while True:
+                if not want_running:
+                    cmd = await self._commands.get()
+                    if cmd.kind == "shutdown":
+                        return
+                    if cmd.kind in ("start", "restart"):
+                        want_running, self._crash_times = True, []
+                        self._pending_reason = cmd.reason
+                    continue
+                outcome = await self._run_once()
+                if isinstance(outcome, Command):
+                    if outcome.kind == "shutdown":
+                        return
+                    want_running = outcome.kind != "stop"
+                    continue
+                want_running = await self._after_failure(outcome)
+                if want_running is None:
+                    return
+        finally:
+            if self.process is not None and self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+
+    async def _after_failure(self, failure: Failure) -> bool | None:
+        """Back off and restart, or give up. Returns whether to run again (None: shut down)."""
+        now = self.clock()
+        self._crash_times.append(now)
+        decision = policy.after_failure(failure, tuple(self._crash_times), now,
+                                        self.target.restart, self.rand())
+        if decision.give_up:
+            self._set_state(State.FAILED, decision.reason, self.failure_output,
+                            failure=failure.kind.value)
+            return False
+        self._set_state(State.BACKOFF, decision.reason, self.failure_output,
+                        failure=failure.kind.value, delay=round(decision.delay, 3))
+        try:
+            cmd = await asyncio.wait_for(self._commands.get(), timeout=decision.delay)
+        except TimeoutError:
+            self.restarts += 1
+            self._pending_reason = f"restart after {failure.kind.value}"
+            return True
+        if cmd.kind == "shutdown":
+            self._set_state(State.STOPPED, cmd.reason)
+            return None
+        if cmd.kind == "stop":
+            self._set_state(State.STOPPED, cmd.reason)
+            return False
+        self._pending_reason = cmd.reason
+        return True
+
+    async def _run_once(self) -> Command | Failure:
+        """Start the process and supervise it until it fails or a command interrupts it."""
+        self._set_state(State.STARTING, self._pending_reason)
+        try:
+            info = await self.backend.preflight()
+            spec = self.backend.launch_spec(self.draft_length)
+            self.runtime = {"binary": info.binary, "version": info.version}
+            proc = await self.launcher.start(self.name, spec)
+        except SpecfleetError as exc:
+            self.failure_output = None
+            return Failure(FailureKind.BAD_ARGUMENTS, str(exc), retryable=False)
+        except OSError as exc:
+            self.failure_output = None
+            return Failure(FailureKind.CRASH, f"could not start target '{self.name}': "
+                           f"{exc.strerror or exc}", retryable=False)
+        self.process, self.started_at, self.failure_output = proc, time.time(), None
+        self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
+
+        exit_task = asyncio.create_task(proc.wait())
+        command_task = asyncio.create_task(self._commands.get())
+        health_task = asyncio.create_task(self._watch_health())
+        metrics_task = asyncio.create_task(self._poll_metrics())
+        try:
+            done, _ = await asyncio.wait({exit_task, command_task, health_task},
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (health_task, metrics_task):
+                task.cancel()
+            if not command_task.done():
+                command_task.cancel()
+        if command_task in done and not command_task.cancelled():
+            cmd = command_task.result()
+            self._set_state(State.STOPPING, cmd.reason)
+            await proc.stop(self.target.restart.stop_grace)
+            if cmd.kind != "restart":
+                self._set_state(State.STOPPED, f"stopped ({cmd.reason})")
+            self._pending_reason = cmd.reason
+            return cmd
+        if health_task in done:
+            failure = health_task.result()
+            proc.kill()
+            await exit_task
+        else:
+            code = exit_task.result()
+            tail = proc.output_tail()
+            failure = self.backend.explain_failure(tail, code) or Failure(
+                FailureKind.CRASH, f"{self.backend.description or self.target.backend} "
+                                   f"{_exit_description(code)}")
+        self.failure_output = proc.output_tail() or None
+        return failure
+
+    async def _watch_health(self) -> Failure:
+        """Probe until the process looks hung or never finishes loading; return why."""
+        health = self.target.health
+        liveness = policy.LivenessTracker(health)
+        deadline = self.clock() + health.start_timeout
+        while True:
+            problem = None
+            try:
+                async with asyncio.timeout(health.timeout):
+                    probe = await self.backend.probe(self.http)
+            except TimeoutError:
+                problem = f"no answer to a health check within {health.timeout:g}s"
+            except aiohttp.ClientError as exc:
+                # Before the runtime binds its port, refusal is normal.
+                if self.state != State.LOADING:
+                    problem = f"health check failed: {exc}"
+            else:
+                if probe.readiness == Readiness.READY:
+                    liveness.ok()
+                    if self.state in (State.LOADING, State.DEGRADED):
+                        took = time.time() - (self.started_at or time.time())
+                        self._set_state(State.READY, "health check passed" + (
+                            f" after {took:.1f}s" if self.state == State.LOADING else ""))
+                elif probe.readiness == Readiness.UNHEALTHY or self.state != State.LOADING:
+                    problem = f"unhealthy: {probe.detail}"
+            if problem is not None:
+                if liveness.failed():
+                    return Failure(FailureKind.HANG, f"{problem}; {liveness.consecutive} failed "
+                                   "health checks in a row while the process is alive: "
+                                   "treating it as hung")
+                if self.state == State.READY:
+                    self._set_state(State.DEGRADED, problem)
+            if self.state == State.LOADING and self.clock() > deadline:
+                return Failure(FailureKind.START_TIMEOUT, "not ready within start_timeout "
+                               f"({health.start_timeout:g}s)")
+            # Poll quickly while loading so that ready is seen promptly.
+            await asyncio.sleep(min(health.interval, 0.5) if self.state == State.LOADING
+                                else health.interval)
+
+    async def _poll_metrics(self) -> None:
+        interval = self.target.health.metrics_interval
+        while True:
+            await asyncio.sleep(interval)
+            if self.state not in (State.READY, State.DEGRADED):
+                continue
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError, ValueError):
+                async with asyncio.timeout(self.target.health.timeout):
+                    sample = await self.backend.read_metrics(self.http)
+                if sample is not None:
+                    self.metrics = sample
+
+
+def _metrics_view(m: MetricsSample | None) -> dict[str, Any]:
+    if m is None:
+        return {}
+    return {"drafts": m.drafts, "draft_tokens": m.draft_tokens,
+            "accepted_tokens": m.accepted_tokens,
+            "acceptance_rate": round(m.acceptance_rate, 4) if m.acceptance_rate else None,
+            "accepted_per_position": list(m.accepted_per_position),
+            "tokens_predicted": m.tokens_predicted,
+            "tokens_per_second": round(m.tokens_per_second, 2) if m.tokens_per_second else None,
+            "requests_processing": m.requests_processing}
