@@ -149,20 +149,25 @@ def _schema_problems(data: dict[str, Any]) -> list[Problem]:
             problems.append(Problem(("targets", name, "name"),
                                     "a target's name is its key under targets:; remove name:"))
     try:
-        Fleet.model_validate({**data, "targets": _without_names(data.get("targets"))})
+        Fleet.model_validate(_without_names(data))
     except ValidationError as exc:
         for err in exc.errors():
             loc = tuple(err["loc"])
-            # A missing key is reported at the mapping that lacks it.
-            problems.append(Problem(loc[:-1] if err["type"] == "missing" else loc, _message(err)))
+            # A missing key is reported at the mapping that lacks it; a bad name at its key.
+            if err["type"] == "missing" or loc[:1] == ("targets",) and loc[2:] == ("name",):
+                loc = loc[:-1]
+            problems.append(Problem(loc, _message(err)))
     return problems
 
 
-def _without_names(targets: Any) -> Any:
+def _without_names(data: dict[str, Any]) -> dict[str, Any]:
+    """The document with any `name:` inside targets dropped (reported separately)."""
+    targets = data.get("targets")
     if not isinstance(targets, dict):
-        return targets
-    return {k: ({kk: vv for kk, vv in v.items() if kk != "name"} if isinstance(v, dict) else v)
-            for k, v in targets.items()}
+        return data
+    return {**data, "targets": {
+        k: ({kk: vv for kk, vv in v.items() if kk != "name"} if isinstance(v, dict) else v)
+        for k, v in targets.items()}}
 
 
 def _dedupe(formatted: list[tuple[int, int, str, str]]) -> list[str]:
@@ -194,7 +199,7 @@ def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
     problems = [*problems, *_schema_problems(data)]
     fleet = None
     if not any(p.severity == "error" for p in problems):
-        fleet = Fleet.model_validate({**data, "targets": _without_names(data.get("targets"))})
+        fleet = Fleet.model_validate(_without_names(data))
         problems += cross_check(fleet)
         if check_target is not None:
             for name, target in fleet.targets.items():

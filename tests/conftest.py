@@ -1,0 +1,178 @@
+"""Shared fixtures: the real llama-server, the real model, fleet files and a daemon process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from supervisor import provision
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> str:
+    """The real llama-server: the provisioned cache (built on first use), else PATH."""
+    found = provision.cached_llama_server()
+    if found is None:
+        found = provision.build_llama_server(progress=lambda msg: print(msg, file=sys.stderr))
+    return str(found)
+
+
+@pytest.fixture(scope="session")
+def gemma_model() -> str:
+    return str(provision.assemble_gemma(progress=lambda msg: print(msg, file=sys.stderr)))
+
+
+@pytest.fixture
+def model(tmp_path: Path, gemma_model: str) -> str:
+    """The gemma GGUF through a per-test symlink, so the test's runtimes can be found by path."""
+    link = tmp_path / "gemma.gguf"
+    link.symlink_to(gemma_model)
+    return str(link)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# Fast settings so that live tests see crashes, hangs and restarts within seconds.
+FAST_HEALTH = {"interval": "0.5s", "timeout": "1s", "failures": 3, "metrics_interval": "0.5s",
+               "start_timeout": "60s"}
+FAST_RESTART = {"backoff_initial": "0.2s", "backoff_max": "2s", "stop_grace": "5s"}
+SMALL_SERVER_ARGS = ["--ctx-size", "2048", "--parallel", "1", "--threads", "1"]
+
+
+def llama_target(model: str, binary: str, **over: Any) -> dict[str, Any]:
+    target: dict[str, Any] = {
+        "model": model, "binary": binary, "port": free_port(), "args": list(SMALL_SERVER_ARGS),
+        "health": dict(FAST_HEALTH), "restart": dict(FAST_RESTART),
+    }
+    target.update(over)
+    return target
+
+
+def write_fleet(directory: Path, targets: dict[str, Any], name: str = "fleet.yaml",
+                **daemon: Any) -> Path:
+    doc = {"version": 1,
+           "daemon": {"state_dir": str(directory / "state"), "api": f"127.0.0.1:{free_port()}",
+                      **daemon},
+           "targets": targets}
+    path = directory / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def runtime_pids(marker: str) -> list[int]:
+    """Processes whose command line mentions `marker` (a per-test path), excluding pytest."""
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if marker in cmd and "llama-server" in cmd and proc.info["pid"] != os.getpid():
+            out.append(proc.info["pid"])
+    return out
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class DaemonProcess:
+    """`specfleet run FILE` as a real child process, observed through its state directory."""
+
+    def __init__(self, fleet: Path) -> None:
+        self.fleet = fleet
+        self.state_dir = Path(yaml.safe_load(fleet.read_text())["daemon"]["state_dir"])
+        self.stderr_path = fleet.parent / "daemon.stderr"
+        self._stderr = self.stderr_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "run", str(fleet), "--json-logs"],
+            stdout=subprocess.DEVNULL, stderr=self._stderr, stdin=subprocess.DEVNULL,
+            cwd=REPO)
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.state_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def target(self, name: str) -> dict[str, Any]:
+        for t in self.status().get("targets", []):
+            if t["name"] == name:
+                return t
+        return {}
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        try:
+            lines = (self.state_dir / "events.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        events = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in events if name is None or e.get("target") == name]
+
+    def transitions(self, name: str) -> list[tuple[str, str]]:
+        return [(e["old"], e["new"]) for e in self.events(name) if e["kind"] == "state"]
+
+    def wait_state(self, name: str, state: str, timeout: float = 90) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            t = self.target(name)
+            return t if t.get("state") == state else None
+        return wait_for(check, timeout, f"{name} to be {state} (now {self.target(name)})")
+
+    def log(self) -> str:
+        return self.stderr_path.read_text(errors="replace")[-6000:]
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
+    daemons: list[DaemonProcess] = []
+
+    def start(fleet: Path) -> DaemonProcess:
+        d = DaemonProcess(fleet)
+        daemons.append(d)
+        return d
+
+    yield start
+    for d in daemons:
+        d.stop()
+    # Whatever a test did, leave no runtime behind (and fail loudly if one survived).
+    leftovers = runtime_pids(str(tmp_path))
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"llama-server processes outlived the daemon: {leftovers}"

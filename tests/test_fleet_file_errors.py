@@ -1,0 +1,161 @@
+"""Bad fleet files: exit 2, file:line:column, the dotted path, the bad value, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+GOOD_TARGET = "    model: {model}\n    binary: {binary}\n"
+
+# (id, file text, expected line, expected dotted path or None, words the message must contain)
+CASES: list[tuple[str, str | bytes, int, str | None, list[str]]] = [
+    ("empty file", "", 1, None, ["empty", "version: 1"]),
+    ("only comments", "# nothing here\n", 1, None, ["empty"]),
+    ("list at top level", "- a\n- b\n", 1, "(top level)", ["list"]),
+    ("scalar at top level", "hello\n", 1, "(top level)", ["'hello'"]),
+    ("binary garbage", b"\x00\xff\xfe\x89PNG\r\n\x1a\n\x00\x00garbage", 1, None, ["UTF-8"]),
+    ("control characters", "version: 1\ntargets:\x07\n", 2, None, ["invalid YAML"]),
+    ("tab indentation", "version: 1\ntargets:\n\ta:\n\t\tport: 1\n", 3, None, ["tabs"]),
+    ("unclosed bracket", "version: 1\ntargets: {{a: [1, 2\n", 3, None, ["invalid YAML"]),
+    ("mapping values in a scalar", "version: 1\ndaemon: a: b\n", 2, None, ["invalid YAML"]),
+    ("duplicate key", "version: 1\ntargets:\n  a:\n{t}    port: 8001\n  a:\n{t}    port: 8002\n",
+     7, "targets.a", ["duplicate key 'a'"]),
+    ("missing version", "targets:\n  a:\n{t}    port: 8001\n", 1, "(top level)",
+     ["required key 'version'"]),
+    ("unsupported version", "version: 2\ntargets: {{}}\n", 1, "version", ["2", "expected one of: 1"]),
+    ("misspelled top-level key", "version: 1\ntarget:\n  a:\n{t}    port: 8001\n", 2, "target",
+     ["unknown key 'target'", "did you mean 'targets'"]),
+    ("misspelled target key", "version: 1\ntargets:\n  a:\n{t}    prot: 8001\n", 6,
+     "targets.a.prot", ["did you mean 'port'"]),
+    ("misspelled speculation key",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      method: ngram\n"
+     "      lenght: {{start: 4}}\n", 9, "targets.a.speculation.lenght", ["did you mean 'length'"]),
+    ("bad method", "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation: {{method: eagle}}\n",
+     7, "targets.a.speculation.method", ["'eagle'", "eagle3", "ngram"]),
+    ("bad ngram variant",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation: {{method: ngram, variant: mods}}\n",
+     7, "targets.a.speculation.variant", ["'mods'", "did you mean 'mod'", "map-k4v"]),
+    ("port is text", "version: 1\ntargets:\n  a:\n{t}    port: eighty\n", 6, "targets.a.port",
+     ["whole number", "'eighty'"]),
+    ("port out of range", "version: 1\ntargets:\n  a:\n{t}    port: 70000\n", 6, "targets.a.port",
+     ["65535", "70000"]),
+    ("port zero", "version: 1\ntargets:\n  a:\n{t}    port: 0\n", 6, "targets.a.port", ["1", "0"]),
+    ("crash limit of wrong type",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    restart: {{max_crashes: many}}\n", 7,
+     "targets.a.restart.max_crashes", ["'many'"]),
+    ("bad duration", "version: 1\ndefaults:\n  restart:\n    window: 10 minutes\ntargets:\n  a:\n{t}"
+     "    port: 8001\n", 4, "defaults.restart.window", ["'10 minutes'", "5m"]),
+    ("bad gpus", "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    gpus: first\n", 7,
+     "targets.a.gpus", ["'first'", "'all'"]),
+    ("duplicate ports", "version: 1\ntargets:\n  a:\n{t}    port: 8001\n  b:\n{t}    port: 8001\n", 10,
+     "targets.b.port", ["8001", "targets.a.port"]),
+    ("draft with method none",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      draft: {model}\n", 8,
+     "targets.a.speculation.draft", ["method is none"]),
+    ("draft method without a draft file",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation: {{method: draft}}\n", 7,
+     "targets.a.speculation.method", ["needs a draft file"]),
+    ("min above max",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      method: ngram\n"
+     "      length: {{min: 9, max: 3}}\n", 9, "targets.a.speculation.length.min", ["9", "3"]),
+    ("start above max",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      method: ngram\n"
+     "      length:\n        start: 40\n        max: 32\n", 10,
+     "targets.a.speculation.length.start", ["40", "32"]),
+    ("missing model file", "version: 1\ntargets:\n  a:\n    model: /nowhere/m.gguf\n"
+     "    binary: {binary}\n    port: 8001\n", 4, "targets.a.model", ["/nowhere/m.gguf", "does not exist"]),
+    ("missing draft file",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      method: draft\n"
+     "      draft: /nowhere/d.gguf\n", 9, "targets.a.speculation.draft", ["/nowhere/d.gguf"]),
+    ("bad target name", "version: 1\ntargets:\n  my model!:\n{t}    port: 8001\n", 3,
+     "targets.my model!", ["'my model!'", "letters"]),
+    ("api key with two sources",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    api_key: {{env: K, file: /k}}\n", 7,
+     "targets.a.api_key", ["exactly one"]),
+    ("unknown backend", "version: 1\ntargets:\n  a:\n    backend: llamcpp\n{t}    port: 8001\n", 4,
+     "targets.a.backend", ["'llamcpp'", "did you mean 'llamacpp'"]),
+    ("unset environment variable",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    env: {{HF_HOME: '${{SPECFLEET_NOT_SET_X}}'}}\n", 7,
+     "targets.a.env.HF_HOME", ["SPECFLEET_NOT_SET_X", "not set"]),
+    ("flag owned by specfleet",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    args: [--ctx-size, 2048, --port, 9]\n", 7,
+     "targets.a.args[2]", ["--port", "port:"]),
+    ("removed llama.cpp flag",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    args: [--draft-max, 8]\n", 7,
+     "targets.a.args[0]", ["--draft-max", "removed"]),
+    ("targets is a list", "version: 1\ntargets:\n  - model: x\n", 2, "targets", ["mapping"]),
+    ("api without port", "version: 1\ndaemon: {{api: localhost}}\ntargets: {{}}\n", 2, "daemon.api",
+     ["HOST:PORT", "'localhost'"]),
+    ("jitter out of range",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    restart: {{jitter: 1.5}}\n", 7,
+     "targets.a.restart.jitter", ["1.5"]),
+    ("name inside a target", "version: 1\ntargets:\n  a:\n    name: b\n{t}    port: 8001\n", 4,
+     "targets.a.name", ["its key"]),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("fleetfiles")
+    model = d / "model.gguf"
+    model.write_bytes(b"GGUF")
+    binary = d / "llama-server"
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    binary.chmod(0o755)
+    return {"model": str(model), "binary": str(binary), "dir": str(d)}
+
+
+def test_there_are_at_least_25_cases():
+    assert len(CASES) >= 25
+
+
+@pytest.mark.parametrize(("text", "line", "path", "words"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_fleet_file_exits_2_with_line_path_and_value(files, text, line, path, words):
+    fleet = Path(files["dir"]) / "fleet.yaml"
+    if isinstance(text, bytes):
+        fleet.write_bytes(text)
+    else:
+        t = GOOD_TARGET.format(**files)
+        fleet.write_text(text.replace("{t}", t.replace("{", "{{").replace("}", "}}"))
+                         .format(**files) if "{t}" in text else text.format(**files))
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    problems = proc.stderr.splitlines()[:-1]
+    here = [p for p in problems if p.startswith(f"{fleet}:{line}:")]
+    assert here, f"no problem reported at line {line}:\n{proc.stderr}"
+    if path is not None:
+        assert any(f": {path}:" in p or f": {path} " in p for p in here), proc.stderr
+    for word in words:
+        assert word in proc.stderr, f"{word!r} not in:\n{proc.stderr}"
+    assert proc.stderr.rstrip().endswith("nothing was started or changed")
+
+
+def test_every_problem_is_reported_at_once_sorted_by_line(files, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"version: 1\ntargets:\n  a:\n    model: {files['model']}\n    prot: 1\n"
+                     "  b:\n    model: /x.gguf\n    port: 99999\n    speculation: {method: nope}\n")
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    lines = proc.stderr.splitlines()[:-1]
+    assert len(lines) == 4, proc.stderr
+    assert [int(ln.split(":")[1]) for ln in lines] == sorted(int(ln.split(":")[1]) for ln in lines)
+
+
+def test_a_bad_value_under_defaults_is_reported_once_not_once_per_target(files, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    t = GOOD_TARGET.format(**files)
+    fleet.write_text(f"version: 1\ndefaults:\n  restart: {{max_crashes: 0}}\ntargets:\n"
+                     f"  a:\n{t}    port: 8001\n  b:\n{t}    port: 8002\n")
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    assert proc.returncode == 2
+    problems = proc.stderr.splitlines()[:-1]
+    assert len(problems) == 1 and "defaults.restart.max_crashes" in problems[0], proc.stderr

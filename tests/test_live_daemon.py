@@ -1,0 +1,208 @@
+"""The daemon against the real llama-server and the real gemma model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import (
+    FAST_HEALTH,
+    FAST_RESTART,
+    REPO,
+    SMALL_SERVER_ARGS,
+    free_port,
+    llama_target,
+    runtime_pids,
+    wait_for,
+    write_fleet,
+)
+
+pytestmark = pytest.mark.live
+
+CODE_PROMPT = (
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    "def mul(a, b):\n    return a * b\n\n# The same three functions again, unchanged:\n"
+    "def add(a, b):\n"
+)
+
+NORMAL_START = [("stopped", "starting"), ("starting", "loading"), ("loading", "ready")]
+CRASH_AND_RESTART = [("ready", "backoff"), ("backoff", "starting"), ("starting", "loading"),
+                     ("loading", "ready")]
+
+
+def post_json(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def quickstart_fleet(tmp_path: Path, model: str, binary: str) -> Path:
+    """examples/quickstart.yaml as shipped, on this test's ports, model and state dir."""
+    doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    doc["daemon"] = {"state_dir": str(tmp_path / "state"), "api": f"127.0.0.1:{free_port()}"}
+    doc.setdefault("defaults", {}).update(
+        {"binary": binary, "health": dict(FAST_HEALTH), "restart": dict(FAST_RESTART)})
+    for target in doc["targets"].values():
+        target["model"] = model
+        target["port"] = free_port()
+    path = tmp_path / "quickstart.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_quickstart_fleet_reaches_ready_and_the_ngram_target_counts_drafts(
+        tmp_path, model, llama_server_bin, start_daemon):
+    daemon = start_daemon(quickstart_fleet(tmp_path, model, llama_server_bin))
+    names = [t for t in yaml.safe_load((tmp_path / "quickstart.yaml").read_text())["targets"]]
+    ngram = next(n for n in names if "ngram" in n)
+    for name in names:
+        daemon.wait_state(name, "ready")
+        assert daemon.transitions(name) == NORMAL_START
+
+    result = post_json(f"{daemon.target(ngram)['endpoint']}/completion",
+                       {"prompt": CODE_PROMPT, "n_predict": 96, "temperature": 0})
+    assert result["content"].strip()
+    assert result["timings"].get("draft_n", 0) > 0
+
+    metrics = wait_for(lambda: daemon.target(ngram)["metrics"].get("drafts"), 30,
+                       "the ngram target's draft counters")
+    assert metrics > 0
+    assert daemon.target(ngram)["metrics"]["draft_tokens"] >= result["timings"]["draft_n"]
+
+    status = subprocess.run(
+        [sys.executable, "-m", "supervisor", "status", "--state-dir", str(daemon.state_dir)],
+        capture_output=True, text=True, cwd=REPO, check=False)
+    assert status.returncode == 0, status.stderr
+    for name in names:
+        assert any(line.split()[:2] == [name, "ready"] for line in status.stdout.splitlines())
+
+
+def test_kill_9_of_a_server_leads_back_to_ready_with_one_restart(
+        tmp_path, model, llama_server_bin, start_daemon):
+    fleet = write_fleet(tmp_path, {"chat": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    first = daemon.wait_state("chat", "ready")
+    os.kill(first["pid"], signal.SIGKILL)
+    wait_for(lambda: daemon.target("chat").get("restarts") == 1
+             and daemon.target("chat")["state"] == "ready", 60, "the restart")
+    again = daemon.target("chat")
+    assert again["pid"] != first["pid"]
+    assert daemon.transitions("chat") == NORMAL_START + CRASH_AND_RESTART
+    backoff = [e for e in daemon.events("chat") if e.get("new") == "backoff"][0]
+    assert "SIGKILL" in backoff["reason"]
+
+
+def test_crash_loop_gives_up_after_max_crashes_and_says_why(
+        tmp_path, model, llama_server_bin, start_daemon):
+    target = llama_target(model, llama_server_bin)
+    target["restart"]["max_crashes"] = 2
+    daemon = start_daemon(write_fleet(tmp_path, {"loopy": target}))
+    pid = daemon.wait_state("loopy", "ready")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: daemon.target("loopy").get("state") == "ready"
+             and daemon.target("loopy")["pid"] != pid, 60, "the first restart")
+    os.kill(daemon.target("loopy")["pid"], signal.SIGKILL)
+    failed = daemon.wait_state("loopy", "failed", 30)
+    assert daemon.transitions("loopy") == (
+        NORMAL_START + CRASH_AND_RESTART + [("ready", "failed")])
+    assert "2 crashes within 10m" in failed["last_event"]["reason"]
+    assert failed["pid"] is None
+
+
+def test_a_stopped_server_is_detected_as_hung_and_replaced(
+        tmp_path, model, llama_server_bin, start_daemon):
+    daemon = start_daemon(write_fleet(tmp_path, {"chat": llama_target(model, llama_server_bin)}))
+    hung = daemon.wait_state("chat", "ready")["pid"]
+    os.kill(hung, signal.SIGSTOP)
+    wait_for(lambda: daemon.target("chat").get("state") == "ready"
+             and daemon.target("chat")["pid"] != hung, 60, "a replacement server")
+    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
+    reasons = [e["reason"] for e in daemon.events("chat") if e.get("new") == "backoff"]
+    assert len(reasons) == 1 and "hung" in reasons[0]
+    assert ("ready", "degraded") in daemon.transitions("chat")
+
+
+def test_a_bad_model_ends_failed_with_llama_servers_message_and_the_rest_stays_ready(
+        tmp_path, model, llama_server_bin, start_daemon):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF this is not a model" * 100)
+    daemon = start_daemon(write_fleet(tmp_path, {
+        "good": llama_target(model, llama_server_bin),
+        "broken": llama_target(str(bad), llama_server_bin),
+    }))
+    failed = daemon.wait_state("broken", "failed", 60)
+    assert "exiting due to model loading error" in failed["failure_output"]
+    assert "could not load the model" in failed["last_event"]["reason"]
+    assert daemon.transitions("broken") == [("stopped", "starting"), ("starting", "loading"),
+                                            ("loading", "failed")]
+    daemon.wait_state("good", "ready")
+    time.sleep(1)
+    assert daemon.target("good")["state"] == "ready"
+    shown = subprocess.run(
+        [sys.executable, "-m", "supervisor", "status", "--state-dir", str(daemon.state_dir)],
+        capture_output=True, text=True, cwd=REPO, check=False).stdout
+    assert "exiting due to model loading error" in shown
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_no_llama_server_survives_the_daemon(sig, tmp_path, model, llama_server_bin,
+                                             start_daemon):
+    daemon = start_daemon(write_fleet(tmp_path, {
+        "one": llama_target(model, llama_server_bin),
+        "two": llama_target(model, llama_server_bin, speculation={"method": "ngram"}),
+    }))
+    daemon.wait_state("one", "ready")
+    daemon.wait_state("two", "ready")
+    assert len(runtime_pids(str(tmp_path))) == 2
+    daemon.signal(sig)
+    daemon.proc.wait(30)
+    wait_for(lambda: not runtime_pids(str(tmp_path)), 10, "every llama-server to exit")
+    if sig == signal.SIGTERM:
+        assert daemon.proc.returncode == 0
+        assert daemon.transitions("two")[-2:] == [("ready", "stopping"), ("stopping", "stopped")]
+
+
+def test_sighup_restarts_only_the_changed_target_and_a_broken_file_changes_nothing(
+        tmp_path, model, llama_server_bin, start_daemon):
+    targets = {"steady": llama_target(model, llama_server_bin),
+               "changing": llama_target(model, llama_server_bin)}
+    fleet = write_fleet(tmp_path, targets)
+    daemon = start_daemon(fleet)
+    steady_pid = daemon.wait_state("steady", "ready")["pid"]
+    changing_pid = daemon.wait_state("changing", "ready")["pid"]
+
+    doc = yaml.safe_load(fleet.read_text())
+    doc["targets"]["changing"]["speculation"] = {"method": "ngram", "length": {"start": 16}}
+    fleet.write_text(yaml.safe_dump(doc, sort_keys=False))
+    daemon.signal(signal.SIGHUP)
+    wait_for(lambda: daemon.target("changing").get("state") == "ready"
+             and daemon.target("changing")["pid"] != changing_pid, 60, "the changed target")
+    assert daemon.target("steady")["pid"] == steady_pid
+    assert daemon.transitions("steady") == NORMAL_START
+    assert daemon.target("changing")["speculation"]["method"] == "ngram"
+    reload_event = [e for e in daemon.events() if e["kind"] == "reload"][-1]
+    assert reload_event["data"] == {"added": [], "removed": [], "changed": ["changing"]}
+
+    new_pid = daemon.target("changing")["pid"]
+    good_text = fleet.read_text()
+    fleet.write_text(good_text.replace("port:", "prot:", 1) + "\n  oops: [\n")
+    daemon.signal(signal.SIGHUP)
+    rejected = wait_for(lambda: [e for e in daemon.events() if "rejected" in e["reason"]], 20,
+                        "the reload to be rejected")
+    assert "fleet.yaml:" in rejected[0]["detail"]
+    time.sleep(1)
+    assert daemon.target("steady")["pid"] == steady_pid
+    assert daemon.target("changing")["pid"] == new_pid
+    assert {t["state"] for t in daemon.status()["targets"]} == {"ready"}
+
