@@ -234,13 +234,21 @@ def parse_metrics(text: str, process_start: float | None) -> MetricsSample:
         drafts=int(s.total("llamacpp:spec_decode_num_drafts_total")),
         draft_tokens=int(s.total("llamacpp:spec_decode_num_draft_tokens_total")),
         accepted_tokens=int(s.total("llamacpp:spec_decode_num_accepted_tokens_total")),
-        accepted_per_position=tuple(int(per_pos[k]) for k in sorted(per_pos, key=int)),
+        accepted_per_position=dense_positions(per_pos),
         tokens_predicted=int(s.total("llamacpp:tokens_predicted_total")),
         tokens_predicted_seconds=s.total("llamacpp:tokens_predicted_seconds_total"),
         prompt_tokens=int(s.total("llamacpp:prompt_tokens_total")),
         requests_processing=int(s.total("llamacpp:requests_processing")),
         requests_deferred=int(s.total("llamacpp:requests_deferred")),
     )
+
+
+def dense_positions(per_pos: dict[str, float]) -> tuple[int, ...]:
+    """Counts indexed by draft position; a position the runtime did not list counts 0."""
+    if not per_pos:
+        return ()
+    counts = {int(k): int(v) for k, v in per_pos.items()}
+    return tuple(counts.get(i, 0) for i in range(max(counts) + 1))
 
 
 async def _describe(binary: str) -> tuple[str, str]:

@@ -25,9 +25,18 @@ typical use:
   specfleet check fleet.yaml     validate; print the exact command of every target
   specfleet run fleet.yaml       run the fleet in the foreground (Ctrl-C stops it)
   specfleet status               what the running daemon sees, from another shell
-  kill -HUP <daemon pid>         reload fleet.yaml: only changed targets restart
+  kill -HUP <daemon pid>         SIGHUP reloads fleet.yaml: only changed targets restart,
+                                 a broken file is rejected and changes nothing
+  specfleet setup                build llama-server and fetch the example model (optional)
 
-exit status: 0 ok, 1 runtime error, 2 bad fleet file or bad usage.
+where things are (daemon.state_dir, default /var/lib/specfleet as root, else
+~/.local/state/specfleet):
+  <state_dir>/status.json        what `specfleet status` reads
+  <state_dir>/events.jsonl       every state change and decision, with its reason
+  <state_dir>/logs/<target>.log  each runtime's own stdout and stderr (rotated)
+
+exit status: 0 ok, 1 runtime error, 2 bad fleet file or bad usage,
+             3 (status) the daemon that wrote the status is not running.
 """
 
 

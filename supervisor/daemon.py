@@ -175,7 +175,7 @@ class Daemon:
                 self.log.warning("runtime output (last lines)", target=event.target,
                                  output=event.detail)
         elif event.kind != "state":
-            self.log.info(event.reason, event=event.kind, **event.data)
+            self.log.info(event.reason, kind=event.kind, **event.data)
 
     def write_status(self) -> None:
         daemon = {"pid": os.getpid(), "create_time": self._create_time, "version": __version__,

@@ -19,7 +19,6 @@ from tests.conftest import (
     FAST_HEALTH,
     FAST_RESTART,
     REPO,
-    SMALL_SERVER_ARGS,
     free_port,
     llama_target,
     runtime_pids,
@@ -99,7 +98,7 @@ def test_kill_9_of_a_server_leads_back_to_ready_with_one_restart(
     again = daemon.target("chat")
     assert again["pid"] != first["pid"]
     assert daemon.transitions("chat") == NORMAL_START + CRASH_AND_RESTART
-    backoff = [e for e in daemon.events("chat") if e.get("new") == "backoff"][0]
+    backoff = next(e for e in daemon.events("chat") if e.get("new") == "backoff")
     assert "SIGKILL" in backoff["reason"]
 
 

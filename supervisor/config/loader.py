@@ -154,7 +154,7 @@ def _schema_problems(data: dict[str, Any]) -> list[Problem]:
         for err in exc.errors():
             loc = tuple(err["loc"])
             # A missing key is reported at the mapping that lacks it; a bad name at its key.
-            if err["type"] == "missing" or loc[:1] == ("targets",) and loc[2:] == ("name",):
+            if err["type"] == "missing" or (loc[:1] == ("targets",) and loc[2:] == ("name",)):
                 loc = loc[:-1]
             problems.append(Problem(loc, _message(err)))
     return problems

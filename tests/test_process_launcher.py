@@ -1,0 +1,129 @@
+"""The process launcher with real processes: groups, stop escalation, logs, no orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from supervisor.backend import LaunchSpec
+from supervisor.launcher.process import ChildRegistry, ProcessLauncher
+from tests.conftest import REPO, wait_for
+
+
+def launcher(tmp_path, **kw) -> ProcessLauncher:
+    return ProcessLauncher(tmp_path / "logs", tmp_path / "state", **kw)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_stop_takes_the_whole_process_group_including_grandchildren(tmp_path):
+    spec = LaunchSpec(("sh", "-c", "sleep 300 & echo grandchild $!; wait"))
+    child = await launcher(tmp_path).start("grp", spec)
+    await asyncio.sleep(0.3)
+    grandchild = int(child.output_tail().split()[-1])
+    assert psutil.pid_exists(grandchild)
+    code = await child.stop(grace=5)
+    assert code == -signal.SIGTERM
+    wait_for(lambda: gone(grandchild), 5, "the grandchild to die")
+
+
+async def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+    spec = LaunchSpec(("sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"))
+    child = await launcher(tmp_path).start("stubborn", spec)
+    await asyncio.sleep(0.3)
+    code = await child.stop(grace=0.5)
+    assert code == -signal.SIGKILL
+
+
+async def test_a_stopped_process_is_still_stopped_promptly(tmp_path):
+    child = await launcher(tmp_path).start("frozen", LaunchSpec(("sleep", "300")))
+    os.kill(child.pid, signal.SIGSTOP)
+    assert await child.stop(grace=5) == -signal.SIGTERM
+
+
+async def test_output_goes_to_a_rotating_log_and_its_tail_is_kept(tmp_path):
+    lx = launcher(tmp_path, max_bytes=2000, backups=2)
+    spec = LaunchSpec(("sh", "-c", "for i in $(seq 1 300); do echo line $i; done; "
+                                   "echo oops >&2; exit 3"))
+    child = await lx.start("chatty", spec)
+    assert await child.wait() == 3
+    assert child.output_tail(2) == "line 300\noops"
+    log = lx.log_path("chatty")
+    assert log.with_name("chatty.log.1").exists()
+    assert not log.with_name("chatty.log.3").exists()
+    assert log.stat().st_size <= 2000 + 200
+    assert "exited with status 3" in log.read_text()
+
+
+async def test_environment_and_files_reach_the_child(tmp_path):
+    modelfile = tmp_path / "gen" / "Modelfile"
+    spec = LaunchSpec(("sh", "-c", f"echo $SF_TEST_VALUE; cat {modelfile}"),
+                      env={"SF_TEST_VALUE": "hello"}, files={str(modelfile): "FROM x\n"})
+    child = await launcher(tmp_path).start("env", spec)
+    await child.wait()
+    assert child.output_tail() == "hello\nFROM x"
+
+
+DAEMON_STANDIN = """
+import asyncio, sys
+from pathlib import Path
+from supervisor.backend import LaunchSpec
+from supervisor.launcher.process import ProcessLauncher
+
+async def main():
+    lx = ProcessLauncher(Path(sys.argv[1]) / "logs", Path(sys.argv[1]) / "state")
+    child = await lx.start("sleeper", LaunchSpec(("sleep", "300")))
+    print(child.pid, flush=True)
+    await asyncio.sleep(300)
+
+asyncio.run(main())
+"""
+
+
+def test_a_sigkilled_daemon_leaves_no_child_behind(tmp_path):
+    daemon = subprocess.Popen([sys.executable, "-c", DAEMON_STANDIN, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    child_pid = int(daemon.stdout.readline())
+    assert psutil.pid_exists(child_pid)
+    daemon.kill()
+    daemon.wait()
+    daemon.stdout.close()
+    wait_for(lambda: gone(child_pid), 5, "the child to die with its daemon")
+
+
+def test_the_orphan_sweep_kills_recorded_groups_and_spares_recycled_pids(tmp_path):
+    registry = ChildRegistry(tmp_path / "children.json")
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    registry.add("left-behind", orphan.pid)
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    registry.add("recycled", bystander.pid)
+    data = registry._read()
+    data["recycled"]["create_time"] -= 1000  # as if the pid now belonged to someone else
+    registry._write(data)
+
+    killed = registry.sweep()
+    assert killed == [f"left-behind (pid {orphan.pid})"]
+    assert orphan.wait(5) == -signal.SIGKILL
+    time.sleep(0.1)
+    assert bystander.poll() is None
+    bystander.kill()
+    bystander.wait()
+    assert registry._read() == {}
+
+
+@pytest.mark.parametrize("argv", [("/nonexistent/llama-server",)])
+async def test_a_missing_executable_raises_oserror_for_the_supervisor_to_report(tmp_path, argv):
+    with pytest.raises(OSError):
+        await launcher(tmp_path).start("missing", LaunchSpec(argv))

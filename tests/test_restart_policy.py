@@ -1,0 +1,69 @@
+"""The restart policy with plain values: backoff, jitter, crash-loop cut-off, permanent failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.backend import Failure, FailureKind
+from supervisor.config.schema import Health, Restart
+from supervisor.policy import LivenessTracker, after_failure
+
+CRASH = Failure(FailureKind.CRASH, "llama-server killed by signal SIGKILL")
+NO_JITTER = Restart(jitter=0.0)
+
+
+def test_first_restart_waits_backoff_initial():
+    d = after_failure(CRASH, (100.0,), 100.0, NO_JITTER, rand=0.5)
+    assert not d.give_up
+    assert d.delay == pytest.approx(2.0)
+
+
+def test_backoff_doubles_per_recent_crash_and_is_capped():
+    times: tuple[float, ...] = ()
+    delays = []
+    settings = Restart(jitter=0.0, backoff_max=10, max_crashes=100)
+    for i in range(6):
+        times += (float(i),)
+        delays.append(after_failure(CRASH, times, float(i), settings, 0.5).delay)
+    assert delays == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+
+
+def test_jitter_spreads_the_delay_within_its_fraction():
+    low = after_failure(CRASH, (0.0,), 0.0, Restart(jitter=0.2), rand=0.0).delay
+    high = after_failure(CRASH, (0.0,), 0.0, Restart(jitter=0.2), rand=0.999999).delay
+    assert low == pytest.approx(1.6)
+    assert high == pytest.approx(2.4, abs=1e-4)
+
+
+def test_crash_loop_gives_up_after_five_crashes_in_ten_minutes():
+    times = (0.0, 60.0, 120.0, 180.0)
+    assert not after_failure(CRASH, times, 180.0, Restart(), 0.5).give_up
+    decision = after_failure(CRASH, (*times, 240.0), 240.0, Restart(), 0.5)
+    assert decision.give_up
+    assert "5 crashes within 10m" in decision.reason
+
+
+def test_old_crashes_outside_the_window_do_not_count():
+    times = (0.0, 10.0, 20.0, 30.0, 700.0)
+    decision = after_failure(CRASH, times, 700.0, NO_JITTER, 0.5)
+    assert not decision.give_up
+    assert decision.delay == pytest.approx(2.0)  # the only recent crash is this one
+
+
+@pytest.mark.parametrize("kind", [FailureKind.LOAD_ERROR, FailureKind.BAD_ARGUMENTS,
+                                  FailureKind.OUT_OF_MEMORY])
+def test_a_permanent_failure_is_not_retried(kind):
+    decision = after_failure(Failure(kind, "it failed", retryable=False), (0.0,), 0.0,
+                             Restart(), 0.5)
+    assert decision.give_up
+    assert decision.reason.startswith("it failed; not restarting")
+
+
+def test_a_hang_is_declared_after_the_configured_consecutive_failures_only():
+    tracker = LivenessTracker(Health(failures=3))
+    assert not tracker.failed()
+    assert not tracker.failed()
+    tracker.ok()  # one good answer resets the count
+    assert not tracker.failed()
+    assert not tracker.failed()
+    assert tracker.failed()
