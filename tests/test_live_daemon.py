@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -205,3 +206,52 @@ def test_sighup_restarts_only_the_changed_target_and_a_broken_file_changes_nothi
     assert daemon.target("changing")["pid"] == new_pid
     assert {t["state"] for t in daemon.status()["targets"]} == {"ready"}
 
+
+
+def test_a_separate_draft_model_runs_and_its_acceptance_is_read(
+        tmp_path, model, llama_server_bin, start_daemon):
+    # examples/draft-model.yaml: the same GGUF serves as its own draft (llama-server -md).
+    target = llama_target(model, llama_server_bin, speculation={
+        "method": "draft", "draft": model, "length": {"start": 4}})
+    daemon = start_daemon(write_fleet(tmp_path, {"self-draft": target}))
+    ready = daemon.wait_state("self-draft", "ready")
+    cmdline = psutil.Process(ready["pid"]).cmdline()
+    assert cmdline[cmdline.index("--spec-type") + 1] == "draft-simple"
+    assert cmdline[cmdline.index("--spec-draft-n-max") + 1] == "4"
+    result = post_json(f"{ready['endpoint']}/completion",
+                       {"prompt": "The capital of France is", "n_predict": 24, "temperature": 0})
+    assert result["timings"]["draft_n"] > 0
+    metrics = wait_for(lambda: daemon.target("self-draft")["metrics"].get("draft_tokens")
+                       and daemon.target("self-draft")["metrics"], 30, "draft counters")
+    # A model drafting for itself at temperature 0 agrees with itself almost always.
+    assert metrics["accepted_tokens"] / metrics["draft_tokens"] > 0.5
+    assert 0 < len(metrics["accepted_per_position"]) <= 4
+
+
+def test_the_api_key_is_enforced_but_never_on_the_command_line_or_in_logs(
+        tmp_path, model, llama_server_bin, start_daemon):
+    secret = "sk-specfleet-test-7c1e9a"
+    key_file = tmp_path / "api.key"
+    key_file.write_text(secret + "\n")
+    key_file.chmod(0o600)
+    target = llama_target(model, llama_server_bin, api_key={"file": str(key_file)},
+                          speculation={"method": "ngram"})
+    daemon = start_daemon(write_fleet(tmp_path, {"locked": target}))
+    ready = daemon.wait_state("locked", "ready")
+    assert secret not in " ".join(psutil.Process(ready["pid"]).cmdline())
+
+    url = f"{ready['endpoint']}/completion"
+    body = json.dumps({"prompt": CODE_PROMPT, "n_predict": 32, "temperature": 0}).encode()
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(urllib.request.Request(url, body), timeout=60)
+    assert denied.value.code == 401
+    denied.value.close()
+    authed = urllib.request.Request(url, body, {"Authorization": f"Bearer {secret}"})
+    with urllib.request.urlopen(authed, timeout=120) as resp:
+        assert json.loads(resp.read())["content"]
+    # The daemon reads /metrics with the key, so acceptance is still visible.
+    wait_for(lambda: daemon.target("locked")["metrics"].get("drafts"), 30, "metrics with auth")
+    daemon.stop()
+    for path in [daemon.stderr_path, daemon.state_dir / "events.jsonl",
+                 daemon.state_dir / "status.json", *daemon.state_dir.glob("logs/*")]:
+        assert secret not in path.read_text(errors="replace"), path
