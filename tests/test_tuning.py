@@ -1,0 +1,156 @@
+"""The tuner, the drift detector and the acceptance window on synthetic sequences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from supervisor.acceptance import AcceptanceWindow
+from supervisor.backend import MetricsSample
+from supervisor.drift import PageHinkley
+from supervisor.tuning import Evidence, choose, expected_accepted, fit_decay, predict_speedup
+
+
+def geometric(p0: float, r: float, k: int) -> tuple[float, ...]:
+    return tuple(p0 * r**i for i in range(k))
+
+
+def evidence_for(rates, length, cost, f=1.0, baseline=100.0) -> Evidence:
+    """Evidence as a server with true draft cost `cost` would produce it."""
+    accepted = f * sum(rates[:length])
+    tps = baseline * (1 + accepted) / (1 + cost * f * length)
+    return Evidence(length, tuple(rates[:length]), f, float(length), tps, baseline)
+
+
+def test_decay_fit_recovers_a_geometric_profile():
+    assert fit_decay(geometric(0.9, 0.8, 6)) == pytest.approx(0.8)
+    assert fit_decay((0.5,)) == 0.5
+    assert fit_decay(()) == 0.0
+
+
+def test_extrapolation_beyond_the_measured_length_follows_the_fit():
+    rates = geometric(0.9, 0.8, 4)
+    assert expected_accepted(rates, 2, 0.8) == pytest.approx(0.9 + 0.72)
+    assert expected_accepted(rates, 6, 0.8) == pytest.approx(sum(geometric(0.9, 0.8, 6)))
+
+
+def test_the_draft_cost_is_recovered_from_measured_throughput():
+    truth = geometric(0.9, 0.85, 16)
+    ev = evidence_for(truth, 4, cost=0.1)
+    choice = choose(ev, 1, 16, off_margin=0.03)
+    assert choice.draft_cost == pytest.approx(0.1, rel=1e-6)
+    assert choice.current_speedup == pytest.approx(predict_speedup(ev, 4, 0.1, 0.85))
+
+
+def test_high_acceptance_and_cheap_drafts_raise_the_length_to_the_true_optimum():
+    truth = geometric(0.95, 0.9, 32)
+    cost = 0.05
+    best_true = max(range(1, 33), key=lambda k: (1 + sum(truth[:k])) / (1 + cost * k))
+    choice = choose(evidence_for(truth, 4, cost), 1, 32, 0.03)
+    assert choice.length == best_true
+    assert choice.gain > 0.05
+
+
+def test_low_acceptance_lowers_the_length():
+    truth = geometric(0.5, 0.6, 16)
+    choice = choose(evidence_for(truth, 16, cost=0.08), 1, 16, 0.03)
+    assert choice.length is not None and choice.length < 6
+
+
+def test_a_draft_as_expensive_as_the_target_turns_speculation_off():
+    # The self-draft case: 98 % acceptance and still slower, because c is about 1.
+    truth = geometric(0.98, 0.99, 16)
+    choice = choose(evidence_for(truth, 4, cost=1.0), 1, 16, 0.03)
+    assert choice.length is None
+    assert choice.current_speedup < 1.0
+    assert choice.gain > 0
+
+
+def test_bounds_are_respected():
+    truth = geometric(0.95, 0.95, 64)
+    choice = choose(evidence_for(truth, 4, cost=0.01), 2, 8, 0.03)
+    assert choice.length == 8
+    assert set(choice.predictions) == set(range(2, 9))
+
+
+def test_ngram_style_sparse_drafting_is_modelled_through_the_draft_fraction():
+    truth = geometric(0.9, 0.95, 64)
+    ev = evidence_for(truth, 16, cost=0.02, f=0.3)
+    choice = choose(ev, 4, 64, 0.03)
+    assert choice.draft_cost == pytest.approx(0.02, rel=1e-6)
+    assert choice.length is not None and choice.length > 16
+
+
+def test_drift_is_silent_on_a_steady_noisy_sequence():
+    rng = random.Random(7)
+    ph = PageHinkley()
+    verdicts = [ph.update(min(1, max(0, rng.gauss(0.8, 0.05)))) for _ in range(500)]
+    assert not any(verdicts)
+
+
+def test_drift_flags_a_sustained_step_down_within_a_few_observations():
+    ph = PageHinkley()
+    for _ in range(30):
+        assert ph.update(0.8) is None
+    flagged = [ph.update(0.45) for _ in range(12)]
+    assert "down" in flagged
+    assert flagged.index("down") <= 8
+
+
+def test_drift_flags_a_step_up():
+    ph = PageHinkley()
+    for _ in range(30):
+        ph.update(0.2)
+    assert "up" in [ph.update(0.7) for _ in range(12)]
+
+
+def test_single_odd_requests_do_not_trigger_drift():
+    ph = PageHinkley()
+    for i in range(200):
+        odd = i % 25 == 0 and i > 0
+        assert ph.update(0.0 if odd else 0.8) is None
+
+
+def sample(start: float, drafts: int, accepted_per_pos: tuple[int, ...], tokens: int,
+           seconds: float) -> MetricsSample:
+    return MetricsSample(process_start=start, drafts=drafts,
+                         draft_tokens=drafts * len(accepted_per_pos),
+                         accepted_tokens=sum(accepted_per_pos),
+                         accepted_per_position=accepted_per_pos, tokens_predicted=tokens,
+                         tokens_predicted_seconds=seconds)
+
+
+def test_window_turns_counter_deltas_into_per_position_rates():
+    w = AcceptanceWindow()
+    assert w.observe(sample(1.0, 10, (8, 6), 30, 1.0), now=0).drafts == 10
+    assert w.observe(sample(1.0, 10, (8, 6), 30, 1.0), now=1) is None  # nothing finished
+    w.observe(sample(1.0, 30, (24, 12), 90, 3.0), now=2)
+    s = w.stats()
+    assert s.drafts == 30 and s.per_position_rate == pytest.approx((0.8, 0.4))
+    assert s.mean_accepted_length == pytest.approx(1.2)
+    assert s.tokens_per_second == pytest.approx(30.0)
+    assert s.draft_fraction == pytest.approx(30 / (90 - 36))
+
+
+def test_window_survives_a_counter_reset_from_a_server_restart():
+    w = AcceptanceWindow()
+    w.observe(sample(1.0, 100, (90, 80), 400, 4.0), now=0)
+    # New Process-Start-Time-Unix: the counters start again from zero.
+    delta = w.observe(sample(2.0, 10, (5, 1), 30, 0.5), now=1)
+    assert delta is not None and delta.drafts == 10 and delta.accepted == 6
+    # A counter going down without a new start time is a reset too.
+    delta = w.observe(sample(2.0, 4, (2, 0), 10, 0.1), now=2)
+    assert delta is not None and delta.drafts == 4
+    assert w.stats().drafts == 114
+
+
+def test_window_is_bounded_by_steps_and_age():
+    w = AcceptanceWindow(max_steps=50, max_age=100)
+    total = 0
+    for i in range(10):
+        total += 20
+        w.observe(sample(1.0, total, (total, 0), total * 3, float(total)), now=float(i))
+    assert w.stats().drafts == 60  # three deltas: evicting one more would drop below 50
+    w.observe(sample(1.0, total + 20, (total + 20, 0), (total + 20) * 3, total + 20.0), now=500)
+    assert w.stats().drafts == 20
