@@ -48,6 +48,8 @@ NGRAM_LENGTH_FLAG = {
     "cache": None,
 }
 DEFAULT_NGRAM_VARIANT = "mod"
+# llama.cpp's defaults for those flags (common/common.h, b11434).
+NGRAM_DEFAULT_LENGTH = {"mod": 64, "simple": 48, "map-k": 48, "map-k4v": 48, "cache": 8}
 # Flags specfleet owns: a second spelling in `args:` would fight the supervisor.
 MANAGED_FLAGS = {
     "--port": "port:", "--host": "host:", "-m": "model:", "--model": "model:",
@@ -73,11 +75,11 @@ _OOM = re.compile(r"CUDA error: out of memory|cudaMalloc failed: out of memory|"
 _help_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
 
 
-def method_args(target: Target, draft_length: int | None) -> list[str]:
+def method_args(target: Target, draft_length: int | None, speculation: bool = True) -> list[str]:
     """The speculation flags for a target; pure, so every method is unit-tested."""
     spec = target.speculation
     n = draft_length if draft_length is not None else spec.length.start
-    if spec.method == "none":
+    if spec.method == "none" or not speculation:
         return []
     if spec.method == "ngram":
         variant = spec.variant or DEFAULT_NGRAM_VARIANT
@@ -156,6 +158,16 @@ class LlamaCppBackend(Backend):
             return f"n-gram draft size ({flag})" if flag else None
         return "draft tokens per step (--spec-draft-n-max)"
 
+    def default_length(self) -> int | None:
+        spec = self.target.speculation
+        if spec.method == "ngram":
+            return NGRAM_DEFAULT_LENGTH[spec.variant or DEFAULT_NGRAM_VARIANT]
+        return None if spec.method == "none" else 3  # --spec-draft-n-max default
+
+    def length_ceiling(self) -> int:
+        spec = self.target.speculation
+        return 128 if spec.method == "ngram" else 32
+
     def resolve_binary(self) -> str:
         if self.target.binary:
             path = Path(self.target.binary).expanduser()
@@ -176,11 +188,11 @@ class LlamaCppBackend(Backend):
             raise SpecfleetError(f"{binary}: {why}")
         return RuntimeInfo(binary, version)
 
-    def launch_spec(self, draft_length: int | None = None) -> LaunchSpec:
+    def launch_spec(self, draft_length: int | None = None, speculation: bool = True) -> LaunchSpec:
         t = self.target
         argv = [self.resolve_binary(), "--model", str(Path(t.model).expanduser()),
                 "--host", t.host, "--port", str(t.port), "--metrics",
-                *method_args(t, draft_length), *t.args]
+                *method_args(t, draft_length, speculation), *t.args]
         env = dict(t.env)
         if t.gpus == "none":
             env["CUDA_VISIBLE_DEVICES"] = ""

@@ -127,6 +127,14 @@ class Backend:
         """What the draft length means for this target's method, or None if nothing tunes."""
         return None
 
+    def default_length(self) -> int | None:
+        """The runtime's own draft length for this method when `length.start` is unset."""
+        return None
+
+    def length_ceiling(self) -> int:
+        """The largest draft length worth trying when `length.max` is unset."""
+        return 32
+
     # --- launching ---
 
     def resolve_binary(self) -> str:
@@ -144,7 +152,8 @@ class Backend:
         """Checks that need the runtime itself (its version, its flags); raise SpecfleetError."""
         return RuntimeInfo(self.resolve_binary())
 
-    def launch_spec(self, draft_length: int | None = None) -> LaunchSpec:
+    def launch_spec(self, draft_length: int | None = None, speculation: bool = True) -> LaunchSpec:
+        """The command for this target; `speculation=False` runs it without (tuner baseline/off)."""
         raise NotImplementedError
 
     def api_key(self) -> str | None:

@@ -27,6 +27,7 @@ from supervisor.launcher.process import ProcessLauncher
 from supervisor.logs import get_logger
 from supervisor.registry import BackendRegistry
 from supervisor.target import TargetSupervisor
+from supervisor.tuner import TuningStore
 
 STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happens
 
@@ -43,6 +44,7 @@ class Daemon:
         self.launcher = ProcessLauncher(settings.logs.expanduser(), self.state_dir,
                                         settings.log_max_bytes, settings.log_backups)
         self.supervisors: dict[str, TargetSupervisor] = {}
+        self.tuning_store = TuningStore(self.state_dir / "tuning.json")
         self._signals: asyncio.Queue[int] = asyncio.Queue()
         self._http: aiohttp.ClientSession | None = None
         self._started = time.time()
@@ -116,7 +118,8 @@ class Daemon:
         assert self._http is not None
         sup = TargetSupervisor(target, self.registry.backend_for(target), self.launcher,
                                self.events, self._http,
-                               log_file=str(self.launcher.log_path(target.name)))
+                               log_file=str(self.launcher.log_path(target.name)),
+                               tuning_store=self.tuning_store)
         self.supervisors[target.name] = sup
         sup.launch()
 
@@ -174,8 +177,9 @@ class Daemon:
             if event.detail and event.new in ("backoff", "failed"):
                 self.log.warning("runtime output (last lines)", target=event.target,
                                  output=event.detail)
-        elif event.kind != "state":
-            self.log.info(event.reason, kind=event.kind, **event.data)
+        else:
+            data = {k: v for k, v in event.data.items() if k not in ("evidence", "window")}
+            self.log.info(event.reason, kind=event.kind, target=event.target, **data)
 
     def write_status(self) -> None:
         daemon = {"pid": os.getpid(), "create_time": self._create_time, "version": __version__,

@@ -13,9 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from supervisor.config.units import parse_duration, parse_size
+from supervisor.config.units import parse_duration, parse_fraction, parse_size
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0, le=1)]
 Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 
 METHODS = ("none", "draft", "eagle3", "mtp", "dflash", "ngram")
@@ -109,6 +110,21 @@ class Health(_Strict):
     metrics_interval: Seconds = 15.0
 
 
+class Tuning(_Strict):
+    """Draft-length autotuning (docs/tuning.md). A retune is a restart of the server."""
+
+    enabled: bool = True
+    min_gain: Fraction = 0.05  # retune only for a predicted gain of at least 5 %
+    off_margin: Fraction = 0.03  # speculation must beat "off" by 3 % to stay on
+    cooldown: Seconds = 900.0  # between two changes, unless acceptance drifted
+    reprobe: Seconds = 3600.0  # after turning speculation off, try it again
+    max_wait: Seconds = 600.0  # wait this long for an idle server before applying anyway
+    min_steps: int = Field(default=200, ge=1)  # verification steps of evidence per decision
+    min_tokens: int = Field(default=1000, ge=1)  # tokens served before (and for) a baseline
+    window_steps: int = Field(default=4000, ge=10)  # acceptance window size
+    drift_threshold: float = Field(default=1.5, gt=0)  # Page-Hinkley threshold
+
+
 class TargetDefaults(_Strict):
     """Keys under `defaults:`; every target inherits them (mappings merge key by key)."""
 
@@ -123,6 +139,7 @@ class TargetDefaults(_Strict):
     api_key: ApiKey | None = None
     restart: Restart | None = None
     health: Health | None = None
+    tuning: Tuning | None = None
 
 
 class Target(_Strict):
@@ -140,6 +157,7 @@ class Target(_Strict):
     api_key: ApiKey | None = None
     restart: Restart = Restart()
     health: Health = Health()
+    tuning: Tuning = Tuning()
 
     @property
     def probe_host(self) -> str:

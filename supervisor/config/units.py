@@ -44,6 +44,22 @@ def parse_size(value: object) -> int:
     raise ValueError("expected a size such as 10MiB, 512MB or a number of bytes")
 
 
+def parse_fraction(value: object) -> float:
+    """A share from "5%" or a number (0.05)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return float(value.strip()[:-1]) / 100.0
+        except ValueError:
+            pass
+        raise ValueError("expected a percentage such as 5% or a fraction such as 0.05")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("expected a percentage such as 5% or a fraction such as 0.05")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError("expected a percentage such as 5% or a fraction such as 0.05") from None
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(seconds)
     if seconds < 60:

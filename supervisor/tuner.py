@@ -1,0 +1,163 @@
+"""When to retune: the decision layer between measured acceptance and a restart.
+
+A retune costs a restart, so the plan is conservative (defaults in docs/tuning.md):
+- no decision without evidence: `min_steps` verification steps at the current setting;
+- a baseline (throughput without speculation) is measured, not assumed: once the
+  target has served `min_tokens` tokens, it runs without speculation until it has
+  served `min_tokens` more, then speculation comes back; the baseline is kept per
+  model file and runtime build and measured again when either changes;
+- a new length only when its predicted gain over the current one is >= `min_gain`;
+- after a change, `cooldown` before the next one, unless the drift detector saw a
+  sustained change of acceptance (then as soon as there is new evidence);
+- speculation off when no length beats it by `off_margin`, and a re-probe with
+  speculation after `reprobe`.
+`plan` is a pure function of the memory, the window and the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from supervisor.acceptance import WindowStats
+from supervisor.config.schema import Tuning
+from supervisor.tuning import Evidence, choose
+
+SPECULATING, BASELINE, OFF = "speculating", "baseline", "off"
+
+
+@dataclass(frozen=True)
+class TunerMemory:
+    """What the tuner keeps for a target across restarts of the daemon."""
+
+    fingerprint: str = ""  # the configuration these values belong to
+    length: int | None = None  # tuned draft length; None = the configured start
+    phase: str = SPECULATING  # speculating | baseline (measuring without) | off
+    baseline_tps: float | None = None
+    baseline_key: str | None = None  # model file and runtime build the baseline belongs to
+    last_change: float | None = None  # wall clock of the last applied decision
+    last_decision: dict[str, Any] | None = None
+
+    @property
+    def speculation(self) -> bool:
+        return self.phase == SPECULATING
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # baseline | restore | retune | disable | enable
+    memory: TunerMemory  # the memory once the decision is applied
+    reason: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    current: int  # the draft length in effect
+    low: int
+    high: int
+    tunable: bool  # False: only on/off (e.g. ngram-cache)
+
+
+def _r(x: float | None, n: int = 3) -> float | None:
+    return None if x is None else round(x, n)
+
+
+def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
+         now: float, drift: bool) -> Decision | None:
+    """The next tuning action for a target, or None to keep the current setting."""
+    evidence = stats.to_dict()
+    if memory.phase == BASELINE:
+        if stats.tokens < settings.min_tokens or not stats.tokens_per_second:
+            return None
+        tps = stats.tokens_per_second
+        return Decision("restore", replace(memory, phase=SPECULATING, baseline_tps=tps,
+                                           last_change=now),
+                        f"baseline measured: {tps:.1f} tokens/s without speculation over "
+                        f"{stats.tokens} tokens; speculation back on at length {bounds.current}",
+                        {"baseline_tps": _r(tps), "length": bounds.current, "evidence": evidence})
+    if memory.phase == OFF:
+        if memory.last_change is not None and now - memory.last_change < settings.reprobe:
+            return None
+        return Decision("enable", replace(memory, phase=SPECULATING, last_change=now),
+                        f"re-probing speculation at length {bounds.current} after "
+                        f"{settings.reprobe:g}s off", {"length": bounds.current})
+    if memory.baseline_tps is None:
+        if stats.tokens < settings.min_tokens:
+            return None
+        return Decision("baseline", replace(memory, phase=BASELINE, last_change=now),
+                        "no baseline for this model and runtime yet: measuring throughput "
+                        f"without speculation for {settings.min_tokens} tokens",
+                        {"evidence": evidence})
+    if stats.drafts < settings.min_steps or not stats.tokens_per_second:
+        return None
+    if (not drift and memory.last_change is not None
+            and now - memory.last_change < settings.cooldown):
+        return None
+    ev = Evidence(bounds.current, stats.per_position_rate, stats.draft_fraction,
+                  stats.mean_draft_size or float(bounds.current), stats.tokens_per_second,
+                  memory.baseline_tps)
+    low, high = (bounds.low, bounds.high) if bounds.tunable else (bounds.current, bounds.current)
+    choice = choose(ev, low, high, settings.off_margin)
+    data = {"old_length": bounds.current, "new_length": choice.length,
+            "measured_speedup": _r(choice.current_speedup),
+            "predicted_speedup": _r(choice.predicted_speedup),
+            "predicted_gain": _r(choice.gain), "draft_cost": _r(choice.draft_cost),
+            "decay": _r(choice.decay), "baseline_tps": _r(memory.baseline_tps),
+            "drift": drift, "evidence": evidence}
+    if choice.length is None:
+        best = max(choice.predictions.values())
+        return Decision("disable", replace(memory, phase=OFF, last_change=now, last_decision=data),
+                        f"speculation does not pay: {choice.current_speedup:.2f}x at length "
+                        f"{bounds.current} and at best {best:.2f}x predicted within "
+                        f"[{low}, {high}], under the {settings.off_margin:.0%} margin; "
+                        "turning it off", data)
+    if choice.length != bounds.current and choice.gain >= settings.min_gain:
+        return Decision("retune", replace(memory, length=choice.length, last_change=now,
+                                          last_decision=data),
+                        f"draft length {bounds.current} -> {choice.length}: predicted "
+                        f"{choice.predicted_speedup:.2f}x vs {choice.current_speedup:.2f}x now "
+                        f"(+{choice.gain:.0%}) over {stats.drafts} verification steps", data)
+    return None
+
+
+class TuningStore:
+    """<state_dir>/tuning.json: every target's TunerMemory, written atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self, name: str, fingerprint: str) -> TunerMemory:
+        """The target's memory, or a fresh one if none is kept or its configuration changed."""
+        try:
+            raw = json.loads(self.path.read_text()).get(name)
+        except (OSError, ValueError, AttributeError):
+            raw = None
+        if not isinstance(raw, dict):
+            return TunerMemory(fingerprint)
+        try:
+            memory = TunerMemory(**raw)
+        except TypeError:
+            return TunerMemory(fingerprint)
+        if memory.fingerprint != fingerprint:
+            # Different method, draft or model: tuned lengths do not carry over; a
+            # baseline of the same model and runtime does (baseline_key guards it).
+            return TunerMemory(fingerprint, baseline_tps=memory.baseline_tps,
+                               baseline_key=memory.baseline_key)
+        return memory
+
+    def save(self, name: str, memory: TunerMemory) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        data[name] = asdict(memory)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self.path)
