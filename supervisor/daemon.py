@@ -121,7 +121,14 @@ class Daemon:
                                log_file=str(self.launcher.log_path(target.name)),
                                tuning_store=self.tuning_store)
         self.supervisors[target.name] = sup
-        sup.launch()
+        sup.launch().add_done_callback(self._owner_ended)
+
+    def _owner_ended(self, task: asyncio.Task[None]) -> None:
+        # An owner task only ends by shutdown; anything else is a bug that must be loud.
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.log.error("internal error: a target's supervisor stopped; its process was "
+                           "killed", task=task.get_name(), exc_info=exc)
+            self.emit("error", f"{task.get_name()} stopped by an internal error: {exc!r}")
 
     async def _stop_all(self, reason: str) -> None:
         # Reverse file order: what was listed first (often what others depend on) stops last.

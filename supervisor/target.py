@@ -182,10 +182,14 @@ class TargetSupervisor:
                         window=self.window.stats().to_dict())
             self.window.clear()
             self.drift.reset()
+            # Speedups measured before the change describe a workload that is gone.
+            self._remember(replace(self.memory, measured={}))
         if self._pending is None:
             decision = plan(self.memory, self.window.stats(), self.target.tuning, self.bounds(),
                             now, self._drifted)
-            if decision is not None:
+            if decision is not None and decision.action == "keep":
+                self._remember(decision.memory)  # a measurement, no restart
+            elif decision is not None:
                 self._pending, self._pending_since = decision, self.clock()
         if self._pending is not None and not self._pending_sent:
             waited = self.clock() - self._pending_since
@@ -200,9 +204,10 @@ class TargetSupervisor:
         old = self.bounds().current
         self._remember(decision.memory)
         self.retunes += 1
-        self._event("tuning", decision.reason, action=decision.action, old_length=old,
-                    new_length=self.draft_length, speculation=self.speculation_on,
-                    waited_s=round(self.clock() - self._pending_since, 1), **decision.data)
+        self._event("tuning", decision.reason, **{
+            **decision.data, "action": decision.action, "old_length": old,
+            "new_length": self.draft_length, "speculation": self.speculation_on,
+            "waited_s": round(self.clock() - self._pending_since, 1)})
         self.window.clear()
         self.drift.reset()
         self._drifted, self._pending, self._pending_sent = False, None, False
@@ -408,7 +413,10 @@ class TargetSupervisor:
                     sample = await self.backend.read_metrics(self.http)
                 if sample is not None:
                     self.metrics = sample
-                    self._consider_tuning(sample)
+                    try:
+                        self._consider_tuning(sample)
+                    except Exception as exc:  # a bug here must not stop supervision
+                        self._event("error", f"tuning skipped after an internal error: {exc!r}")
 
 
 def _fingerprint(target: Target) -> str:

@@ -10,7 +10,12 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
 - after a change, `cooldown` before the next one, unless the drift detector saw a
   sustained change of acceptance (then as soon as there is new evidence);
 - speculation off when no length beats it by `off_margin`, and a re-probe with
-  speculation after `reprobe`.
+  speculation after `reprobe`;
+- lengths already measured in the current workload regime are judged by their
+  measured speedup; when only one length has been measured and the model prefers
+  another by less than `min_gain`, that one is tried once ("explore"), so that the
+  cost model is fitted on two points instead of assumed. A drift clears the
+  measurements: the workload they describe is gone.
 `plan` is a pure function of the memory, the window and the clock.
 """
 
@@ -24,7 +29,7 @@ from typing import Any
 
 from supervisor.acceptance import WindowStats
 from supervisor.config.schema import Tuning
-from supervisor.tuning import Evidence, choose
+from supervisor.tuning import Evidence, Measurement, choose, measurement
 
 SPECULATING, BASELINE, OFF = "speculating", "baseline", "off"
 
@@ -40,15 +45,20 @@ class TunerMemory:
     baseline_key: str | None = None  # model file and runtime build the baseline belongs to
     last_change: float | None = None  # wall clock of the last applied decision
     last_decision: dict[str, Any] | None = None
+    # Speedups measured at each length in the current workload regime (JSON keys: str).
+    measured: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def speculation(self) -> bool:
         return self.phase == SPECULATING
 
+    def measurements(self) -> dict[int, Measurement]:
+        return {int(k): Measurement(**v) for k, v in self.measured.items()}
+
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # baseline | restore | retune | disable | enable
+    action: str  # baseline | restore | retune | explore | disable | enable | keep (no restart)
     memory: TunerMemory  # the memory once the decision is applied
     reason: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -101,13 +111,18 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
                   stats.mean_draft_size or float(bounds.current), stats.tokens_per_second,
                   memory.baseline_tps)
     low, high = (bounds.low, bounds.high) if bounds.tunable else (bounds.current, bounds.current)
-    choice = choose(ev, low, high, settings.off_margin)
+    known = memory.measurements()
+    choice = choose(ev, low, high, settings.off_margin, known)
+    measured = {**memory.measured, str(bounds.current): asdict(measurement(ev))}
+    memory = replace(memory, measured=measured)
     data = {"old_length": bounds.current, "new_length": choice.length,
             "measured_speedup": _r(choice.current_speedup),
             "predicted_speedup": _r(choice.predicted_speedup),
             "predicted_gain": _r(choice.gain), "draft_cost": _r(choice.draft_cost),
-            "decay": _r(choice.decay), "baseline_tps": _r(memory.baseline_tps),
-            "drift": drift, "evidence": evidence}
+            "step_overhead": _r(choice.overhead), "decay": _r(choice.decay),
+            "baseline_tps": _r(memory.baseline_tps), "drift": drift,
+            "measured": {k: _r(v["speedup"]) for k, v in sorted(measured.items(), key=lambda x: int(x[0]))},
+            "evidence": evidence}
     if choice.length is None:
         best = max(choice.predictions.values())
         return Decision("disable", replace(memory, phase=OFF, last_change=now, last_decision=data),
@@ -121,7 +136,19 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
                         f"draft length {bounds.current} -> {choice.length}: predicted "
                         f"{choice.predicted_speedup:.2f}x vs {choice.current_speedup:.2f}x now "
                         f"(+{choice.gain:.0%}) over {stats.drafts} verification steps", data)
-    return None
+    if (len(measured) < 2 and choice.model_best is not None
+            and choice.model_best != bounds.current):
+        target = choice.model_best
+        predicted = choice.predictions[target] / choice.current_speedup - 1.0
+        data = {**data, "new_length": target, "predicted_gain": _r(predicted)}
+        return Decision("explore", replace(memory, length=target, last_change=now,
+                                           last_decision=data),
+                        f"draft length {bounds.current} -> {target} to measure it: the model "
+                        f"predicts {predicted:+.0%} from one measured length; a second point "
+                        "fits the cost of drafting", data)
+    return Decision("keep", replace(memory, last_decision=data),
+                    f"keeping draft length {bounds.current}: {choice.current_speedup:.2f}x "
+                    f"measured, best alternative {choice.predicted_speedup:.2f}x", data)
 
 
 class TuningStore:

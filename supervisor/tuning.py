@@ -14,7 +14,13 @@ the speedup over no speculation at draft length k is
 p_i is measured for positions the server ran; beyond the current length it is
 extrapolated with a geometric decay fitted to the measured positions. c is not
 guessed: the measured speedup (tokens/s with speculation over the measured
-baseline without) at the current length gives it by solving the same equation.
+baseline without) at each length tried gives y = (1 + f*S)/speedup - 1 = f*(a + b*d),
+the cost of the drafted steps; with one length measured, c = y/(f*d) (a = 0); with
+two or more, a least-squares fit of y/f = a + b*d separates the fixed overhead of
+a drafted step (a: draft set-up, a batch instead of a single token) from the cost
+per draft token (b). On a CPU the fixed part is large, so a single-point fit
+underestimates long drafts; that is why lengths that were measured are compared
+by their measured speedup, and the model only ranks lengths not yet tried.
 """
 
 from __future__ import annotations
@@ -36,6 +42,22 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """The speedup measured at one length, with what it was measured on."""
+
+    speedup: float
+    draft_fraction: float
+    mean_draft_size: float
+    accepted_per_draft: float  # mean accepted tokens per drafted step
+
+    @property
+    def step_cost(self) -> float:
+        """a + b*d: the extra cost of one drafted step, in plain steps (from the speedup)."""
+        f = self.draft_fraction
+        return ((1.0 + f * self.accepted_per_draft) / self.speedup - 1.0) / f if f > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class Choice:
     """The tuner's answer: the best length (None: speculation off) and its reasons."""
 
@@ -45,6 +67,8 @@ class Choice:
     draft_cost: float
     decay: float
     predictions: dict[int, float] = field(default_factory=dict)
+    overhead: float = 0.0  # a: fixed cost of a drafted step (0 until two lengths are measured)
+    model_best: int | None = None  # the best length the model alone would pick
 
     @property
     def gain(self) -> float:
@@ -78,31 +102,67 @@ def expected_accepted(rates: tuple[float, ...], length: int, decay: float) -> fl
     return total
 
 
+def measurement(ev: Evidence) -> Measurement:
+    return Measurement(ev.tokens_per_second / ev.baseline_tokens_per_second, ev.draft_fraction,
+                       ev.mean_draft_size, sum(ev.per_position_rate[:ev.length]))
+
+
+def fit_cost(points: list[Measurement]) -> tuple[float, float]:
+    """(a, b) with a + b*d = step cost, least squares over lengths measured; both >= 0."""
+    usable = [(m.mean_draft_size, m.step_cost) for m in points
+              if m.draft_fraction > 0 and m.mean_draft_size > 0]
+    if not usable:
+        return 0.0, 0.0
+    sizes = {round(d, 3) for d, _ in usable}
+    if len(sizes) < 2:
+        d, y = usable[-1]
+        return 0.0, max(0.0, y / d)
+    n = len(usable)
+    mean_d = sum(d for d, _ in usable) / n
+    mean_y = sum(y for _, y in usable) / n
+    b = (sum((d - mean_d) * (y - mean_y) for d, y in usable)
+         / sum((d - mean_d) ** 2 for d, _ in usable))
+    a = mean_y - b * mean_d
+    if b < 0:  # noise: fall back to a pure per-token cost
+        return 0.0, max(0.0, mean_y / mean_d)
+    if a < 0:
+        return 0.0, max(0.0, sum(y * d for d, y in usable) / sum(d * d for d, _ in usable))
+    return a, b
+
+
 def draft_cost(ev: Evidence, decay: float) -> float:
-    """c from the measured speedup at the current length (clamped at 0 against noise)."""
-    fd = ev.draft_fraction * ev.mean_draft_size
-    if fd <= 0 or ev.tokens_per_second <= 0:
-        return 0.0
-    measured = ev.tokens_per_second / ev.baseline_tokens_per_second
-    accepted = ev.draft_fraction * expected_accepted(ev.per_position_rate, ev.length, decay)
-    return max(0.0, ((1.0 + accepted) / measured - 1.0) / fd)
+    """c, the cost per draft token, from the measured speedup at the current length alone."""
+    return fit_cost([measurement(ev)])[1]
 
 
-def predict_speedup(ev: Evidence, length: int, cost: float, decay: float) -> float:
+def predict_speedup(ev: Evidence, length: int, cost: float, decay: float,
+                    overhead: float = 0.0) -> float:
     # Drafts fill the same share of the allowed length as they do now (1.0 for draft models).
     fill = ev.mean_draft_size / ev.length if ev.length else 1.0
-    accepted = ev.draft_fraction * expected_accepted(ev.per_position_rate, length, decay)
-    return (1.0 + accepted) / (1.0 + cost * ev.draft_fraction * fill * length)
+    f = ev.draft_fraction
+    accepted = f * expected_accepted(ev.per_position_rate, length, decay)
+    return (1.0 + accepted) / (1.0 + f * (overhead + cost * fill * length))
 
 
-def choose(ev: Evidence, low: int, high: int, off_margin: float) -> Choice:
-    """The best length within [low, high], or None if none beats speculation off by the margin."""
+def choose(ev: Evidence, low: int, high: int, off_margin: float,
+           measured: dict[int, Measurement] | None = None) -> Choice:
+    """The best length within [low, high], or None if none beats speculation off by the margin.
+
+    `measured` holds speedups measured earlier at other lengths (same workload regime);
+    they take precedence over predictions, and together they fit the cost model.
+    """
+    measured = {**(measured or {}), ev.length: measurement(ev)}
     decay = fit_decay(ev.per_position_rate)
-    cost = draft_cost(ev, decay)
-    current = ev.tokens_per_second / ev.baseline_tokens_per_second
-    predictions = {k: predict_speedup(ev, k, cost, decay) for k in range(max(1, low), high + 1)}
+    overhead, cost = fit_cost(list(measured.values()))
+    current = measured[ev.length].speedup
+    lengths = range(max(1, low), high + 1)
+    model = {k: predict_speedup(ev, k, cost, decay, overhead) for k in lengths}
+    predictions = {k: measured[k].speedup if k in measured else model[k] for k in lengths}
     # Ties go to the shorter length: it wastes less when acceptance drops.
-    best = max(predictions, key=lambda k: (round(predictions[k], 6), -k))
+    def best_of(table: dict[int, float]) -> int:
+        return max(table, key=lambda k: (round(table[k], 6), -k))
+    best, model_best = best_of(predictions), best_of(model)
     if predictions[best] < 1.0 + off_margin:
-        return Choice(None, 1.0, current, cost, decay, predictions)
-    return Choice(best, predictions[best], current, cost, decay, predictions)
+        return Choice(None, 1.0, current, cost, decay, predictions, overhead, model_best)
+    return Choice(best, predictions[best], current, cost, decay, predictions, overhead,
+                  model_best)

@@ -154,3 +154,31 @@ def test_window_is_bounded_by_steps_and_age():
     assert w.stats().drafts == 60  # three deltas: evicting one more would drop below 50
     w.observe(sample(1.0, total + 20, (total + 20, 0), (total + 20) * 3, total + 20.0), now=500)
     assert w.stats().drafts == 20
+
+
+def test_two_measured_lengths_separate_fixed_step_overhead_from_per_token_cost():
+    from supervisor.tuning import Measurement, fit_cost
+
+    def at(d: float, a: float, b: float, f: float = 0.3, acc: float | None = None) -> Measurement:
+        acc = d if acc is None else acc
+        return Measurement((1 + f * acc) / (1 + f * (a + b * d)), f, d, acc)
+
+    a, b = fit_cost([at(4, 0.9, 0.45), at(48, 0.9, 0.45)])
+    assert (a, b) == (pytest.approx(0.9), pytest.approx(0.45))
+    # One point: all of the cost is attributed per token.
+    a1, b1 = fit_cost([at(4, 0.9, 0.45)])
+    assert a1 == 0 and b1 == pytest.approx((0.9 + 0.45 * 4) / 4)
+
+
+def test_measured_lengths_outrank_the_model():
+    from supervisor.tuning import Measurement
+
+    truth = geometric(0.95, 0.95, 32)
+    ev = evidence_for(truth, 4, cost=0.05)
+    model_only = choose(ev, 1, 32, 0.03)
+    assert model_only.length is not None and model_only.length > 4
+    # ... but if that length was measured and found slow, the tuner believes the measurement.
+    slow = {model_only.length: Measurement(0.5, 1.0, float(model_only.length), 5.0)}
+    informed = choose(ev, 1, 32, 0.03, slow)
+    assert informed.length != model_only.length
+    assert informed.predictions[model_only.length] == 0.5

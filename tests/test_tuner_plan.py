@@ -1,0 +1,64 @@
+"""The tuner's decision layer with plain values: evidence, cooldown, baseline, explore, off."""
+
+from __future__ import annotations
+
+from supervisor.acceptance import WindowStats
+from supervisor.config.schema import Tuning
+from supervisor.tuner import BASELINE, OFF, SPECULATING, Bounds, TunerMemory, plan
+
+SETTINGS = Tuning(min_tokens=100, min_steps=20, cooldown=60, reprobe=600)
+BOUNDS = Bounds(current=4, low=1, high=16, tunable=True)
+
+
+def stats(drafts=50, tokens=400, seconds=4.0, rates=(0.9, 0.8, 0.7, 0.6)) -> WindowStats:
+    accepted = round(drafts * sum(rates))
+    return WindowStats(drafts=drafts, draft_tokens=drafts * len(rates), accepted=accepted,
+                       tokens=tokens, seconds=seconds, per_position_rate=rates, deltas=5)
+
+
+def test_nothing_happens_without_enough_traffic():
+    assert plan(TunerMemory("x"), stats(tokens=50), SETTINGS, BOUNDS, 0.0, False) is None
+
+
+def test_a_baseline_is_measured_first_then_speculation_comes_back():
+    d = plan(TunerMemory("x"), stats(), SETTINGS, BOUNDS, 0.0, False)
+    assert d.action == "baseline" and d.memory.phase == BASELINE and not d.memory.speculation
+    no_drafts = WindowStats(0, 0, 0, 300, 3.0, (), 3)
+    d2 = plan(d.memory, no_drafts, SETTINGS, BOUNDS, 10.0, False)
+    assert d2.action == "restore" and d2.memory.phase == SPECULATING
+    assert d2.memory.baseline_tps == 100.0
+
+
+def test_cooldown_blocks_a_second_change_unless_acceptance_drifted():
+    memory = TunerMemory("x", baseline_tps=50.0, last_change=0.0)
+    assert plan(memory, stats(), SETTINGS, BOUNDS, 30.0, drift=False) is None
+    assert plan(memory, stats(), SETTINGS, BOUNDS, 30.0, drift=True) is not None
+
+
+def test_slower_than_baseline_turns_speculation_off_and_reprobes_later():
+    memory = TunerMemory("x", baseline_tps=200.0)  # window: 100 tok/s -> 0.5x
+    d = plan(memory, stats(), SETTINGS, BOUNDS, 1000.0, False)
+    assert d.action == "disable" and d.memory.phase == OFF
+    assert d.data["measured_speedup"] == 0.5
+    assert plan(d.memory, stats(), SETTINGS, BOUNDS, 1300.0, False) is None
+    assert plan(d.memory, stats(), SETTINGS, BOUNDS, 1700.0, False).action == "enable"
+
+
+def test_a_single_measurement_leads_to_one_exploration_then_to_a_decision_on_two():
+    memory = TunerMemory("x", baseline_tps=80.0)  # 1.25x at length 4
+    d = plan(memory, stats(), SETTINGS, BOUNDS, 1000.0, False)
+    assert d.action in ("retune", "explore")
+    assert d.memory.length != 4 and set(d.memory.measured) == {"4"}
+    later = Bounds(current=d.memory.length, low=1, high=16, tunable=True)
+    worse = stats(seconds=8.0)  # the new length measured slower: 0.62x
+    back = plan(d.memory, worse, SETTINGS, later, 2000.0, False)
+    assert back.action == "retune" and back.memory.length == 4
+    assert set(back.memory.measured) == {"4", str(d.memory.length)}
+
+
+def test_methods_with_nothing_to_tune_are_only_switched_on_or_off():
+    fixed = Bounds(current=8, low=1, high=16, tunable=False)
+    memory = TunerMemory("x", baseline_tps=80.0)
+    d = plan(memory, stats(rates=(0.9,) * 8), SETTINGS, fixed, 1000.0, False)
+    assert d.action == "keep"
+    assert set(d.data["measured"]) == {"8"}
