@@ -140,7 +140,8 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
             and choice.model_best != bounds.current):
         target = choice.model_best
         predicted = choice.predictions[target] / choice.current_speedup - 1.0
-        data = {**data, "new_length": target, "predicted_gain": _r(predicted)}
+        data = {**data, "new_length": target, "predicted_gain": _r(predicted),
+                "predicted_speedup": _r(choice.predictions[target])}
         return Decision("explore", replace(memory, length=target, last_change=now,
                                            last_decision=data),
                         f"draft length {bounds.current} -> {target} to measure it: the model "
