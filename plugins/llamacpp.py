@@ -12,6 +12,7 @@ import asyncio
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +22,7 @@ from supervisor.backend import (
     Backend,
     Failure,
     FailureKind,
+    Generation,
     LaunchSpec,
     MetricsSample,
     Probe,
@@ -222,6 +224,20 @@ class LlamaCppBackend(Backend):
             text = await resp.text()
             started = resp.headers.get("Process-Start-Time-Unix")
         return parse_metrics(text, float(started) if started else None)
+
+    async def generate(self, http: aiohttp.ClientSession, prompt: str, max_tokens: int,
+                       sampling: Mapping[str, object]) -> Generation:
+        # /completion reports the server's own generation time and, when drafts ran,
+        # draft_n / draft_n_accepted for this request alone.
+        body = {"prompt": prompt, "n_predict": max_tokens, "cache_prompt": False, **sampling}
+        async with http.post(f"{self.target.base_url}/completion", json=body,
+                             headers=self.auth_headers()) as resp:
+            resp.raise_for_status()
+            data = await resp.json()
+        timings = data.get("timings", {})
+        return Generation(data.get("content", ""), int(timings.get("predicted_n", 0)),
+                          float(timings.get("predicted_ms", 0.0)) / 1000.0,
+                          int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
         if m := _OOM.search(output_tail):

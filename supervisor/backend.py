@@ -54,6 +54,17 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """One completion as measured by the runtime (or by the wall clock, if it reports nothing)."""
+
+    text: str
+    tokens: int
+    seconds: float  # generation time, prompt processing excluded where the runtime says
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class MetricsSample:
     """Cumulative counters as the runtime reports them at one instant."""
 
@@ -191,4 +202,21 @@ class Backend:
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
         """Recognise the runtime's own failure messages; None if nothing is recognised."""
         return None
+
+    async def generate(self, http: aiohttp.ClientSession, prompt: str, max_tokens: int,
+                       sampling: Mapping[str, object]) -> Generation:
+        """One completion for `specfleet bench`: the OpenAI-compatible /v1/completions, timed
+        by the wall clock; backends whose runtime reports its own timings override this."""
+        import time
+
+        body = {"model": self.target.model, "prompt": prompt, "max_tokens": max_tokens,
+                **sampling}
+        started = time.perf_counter()
+        async with http.post(f"{self.target.base_url}/v1/completions", json=body,
+                             headers=self.auth_headers()) as resp:
+            resp.raise_for_status()
+            data = await resp.json()
+        seconds = time.perf_counter() - started
+        return Generation(data["choices"][0]["text"], int(data["usage"]["completion_tokens"]),
+                          seconds)
 
