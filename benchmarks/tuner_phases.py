@@ -87,6 +87,9 @@ class Daemon:
     def wait_ready(self, not_pid: int | None = None, timeout: float = 120) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"specfleet exited with {self.proc.returncode}:\n"
+                                   + (self.dir / "daemon.log").read_text()[-3000:])
             t = self.status()
             if t.get("state") == "ready" and t.get("pid") != not_pid:
                 return t
@@ -231,6 +234,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=30, help="requests per phase (30)")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--cases", default="ngram-mod,self-draft")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
     model = str(provision.assemble_gemma())
@@ -248,6 +252,8 @@ def main() -> int:
             "self-draft": ({"method": "draft", "draft": model}, ["code"]),
         }
         for case, (spec, phases) in cases.items():
+            if case not in args.cases.split(","):
+                continue
             print(f"== {case}", file=sys.stderr, flush=True)
             target = dict(base_target, port=free_port())
             results: dict[str, Any] = {}

@@ -9,26 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from supervisor import policy
-from supervisor.acceptance import AcceptanceWindow
-from supervisor.backend import Backend, Failure, FailureKind, MetricsSample, Readiness, RuntimeInfo
+from supervisor.autotune import AutoTuner
+from supervisor.backend import Backend, Failure, FailureKind, MetricsSample, Readiness
 from supervisor.config.schema import Target
-from supervisor.drift import PageHinkley
 from supervisor.errors import SpecfleetError
 from supervisor.events import Event, EventBus
 from supervisor.launcher.base import Launcher, RunningProcess
 from supervisor.states import ALLOWED, State
-from supervisor.tuner import SPECULATING, Bounds, Decision, TunerMemory, TuningStore, plan
+from supervisor.tuner import TuningStore
 
 
 @dataclass(frozen=True)
@@ -89,19 +87,7 @@ class TargetSupervisor:
         self.runtime: dict[str, str] = {}
         self.metrics: MetricsSample | None = None
         self.log_file = log_file
-        self.retunes = 0
-        # Tuning state: the acceptance window and drift detector are per target and live
-        # here; only the owner task changes `memory` (when it applies a decision).
-        self.tuning_store = tuning_store
-        self.window = AcceptanceWindow(max_steps=target.tuning.window_steps)
-        self.drift = PageHinkley(threshold=target.tuning.drift_threshold)
-        fingerprint = _fingerprint(target)
-        self.memory = (tuning_store.load(self.name, fingerprint) if tuning_store
-                       else TunerMemory(fingerprint))
-        self._drifted = False
-        self._pending: Decision | None = None
-        self._pending_since = 0.0
-        self._pending_sent = False
+        self.tuner = AutoTuner(target, backend, tuning_store, self._event, clock)
         self._crash_times: list[float] = []
         self._commands: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -128,90 +114,6 @@ class TargetSupervisor:
         self.send("shutdown", reason)
         await self._task
 
-    # --- tuning ---
-
-    @property
-    def tuning_active(self) -> bool:
-        return self.target.tuning.enabled and self.target.speculation.method != "none"
-
-    @property
-    def speculation_on(self) -> bool:
-        return self.memory.speculation if self.tuning_active else True
-
-    @property
-    def draft_length(self) -> int | None:
-        """The length passed to the runtime: tuned, else configured, else its own default."""
-        tuned = self.memory.length if self.tuning_active else None
-        return tuned if tuned is not None else self.target.speculation.length.start
-
-    def bounds(self) -> Bounds:
-        length = self.target.speculation.length
-        current = self.draft_length or self.backend.default_length() or 1
-        return Bounds(current, length.min, length.max or self.backend.length_ceiling(),
-                      self.backend.tunable_length() is not None)
-
-    def _remember(self, memory: TunerMemory) -> None:
-        self.memory = memory
-        if self.tuning_store is not None:
-            self.tuning_store.save(self.name, memory)
-
-    def _check_baseline_key(self, info: RuntimeInfo) -> None:
-        """A baseline belongs to one model file and one runtime build."""
-        key = _runtime_key(self.target, info)
-        if self.memory.baseline_key == key:
-            return
-        if self.memory.baseline_tps is not None:
-            self._event("tuning", "model file or runtime changed: the baseline will be "
-                        "measured again", old_key=self.memory.baseline_key, new_key=key)
-        # Measure again from scratch: whatever was concluded against the old baseline is void.
-        self._remember(replace(self.memory, phase=SPECULATING, baseline_tps=None,
-                               baseline_key=key))
-
-    def _consider_tuning(self, sample: MetricsSample) -> None:
-        """Called with each metrics sample: update the window, maybe plan a decision."""
-        now = time.time()
-        delta = self.window.observe(sample, now)
-        if not self.tuning_active:
-            return
-        if (delta is not None and delta.acceptance_rate is not None and self.speculation_on
-                and (direction := self.drift.update(delta.acceptance_rate))):
-            self._drifted = True
-            self._event("tuning", f"acceptance drifted {direction} (Page-Hinkley): "
-                        "re-evaluating on new evidence", direction=direction,
-                        acceptance_rate=round(delta.acceptance_rate, 4),
-                        window=self.window.stats().to_dict())
-            self.window.clear()
-            self.drift.reset()
-            # Speedups measured before the change describe a workload that is gone.
-            self._remember(replace(self.memory, measured={}))
-        if self._pending is None:
-            decision = plan(self.memory, self.window.stats(), self.target.tuning, self.bounds(),
-                            now, self._drifted)
-            if decision is not None and decision.action == "keep":
-                self._remember(decision.memory)  # a measurement, no restart
-            elif decision is not None:
-                self._pending, self._pending_since = decision, self.clock()
-        if self._pending is not None and not self._pending_sent:
-            waited = self.clock() - self._pending_since
-            if sample.requests_processing == 0 or waited >= self.target.tuning.max_wait:
-                self._pending_sent = True
-                self.send("retune", self._pending.reason)
-
-    def _apply_pending(self) -> None:
-        decision = self._pending
-        if decision is None:
-            return
-        old = self.bounds().current
-        self._remember(decision.memory)
-        self.retunes += 1
-        self._event("tuning", decision.reason, **{
-            **decision.data, "action": decision.action, "old_length": old,
-            "new_length": self.draft_length, "speculation": self.speculation_on,
-            "waited_s": round(self.clock() - self._pending_since, 1)})
-        self.window.clear()
-        self.drift.reset()
-        self._drifted, self._pending, self._pending_sent = False, None, False
-
     def _event(self, kind: str, reason: str, **data: Any) -> None:
         self.events.emit(Event(self.name, kind, reason, data=data))
 
@@ -225,23 +127,13 @@ class TargetSupervisor:
             last_event=self.last_event.to_dict() if self.last_event else None,
             failure_output=self.failure_output, runtime=dict(self.runtime),
             speculation={"method": spec.method, "variant": spec.variant,
-                         "enabled": self.speculation_on if spec.method != "none" else False,
-                         "draft_length": self.draft_length if spec.method != "none" else None,
+                         "enabled": self.tuner.speculation_on if spec.method != "none" else False,
+                         "draft_length": self.tuner.draft_length if spec.method != "none" else None,
                          "tunable": self.backend.tunable_length() or (
                              "nothing to tune for this method" if spec.method != "none"
                              else None)},
-            metrics=_metrics_view(self.metrics), tuning=self._tuning_view(),
-            retunes=self.retunes, log_file=self.log_file)
-
-    def _tuning_view(self) -> dict[str, Any]:
-        if not self.tuning_active:
-            return {"enabled": False}
-        m = self.memory
-        return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
-                "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
-                "window": self.window.stats().to_dict(),
-                "pending": self._pending.reason if self._pending else None,
-                "last_decision": m.last_decision}
+            metrics=_metrics_view(self.metrics), tuning=self.tuner.view(),
+            retunes=self.tuner.retunes, log_file=self.log_file)
 
     # --- the owner task ---
 
@@ -313,9 +205,9 @@ class TargetSupervisor:
         self._set_state(State.STARTING, self._pending_reason)
         try:
             info = await self.backend.preflight()
-            if self.tuning_active:
-                self._check_baseline_key(info)
-            spec = self.backend.launch_spec(self.draft_length, speculation=self.speculation_on)
+            self.tuner.runtime_started(info)
+            spec = self.backend.launch_spec(self.tuner.draft_length,
+                                            speculation=self.tuner.speculation_on)
             self.runtime = {"binary": info.binary, "version": info.version}
             proc = await self.launcher.start(self.name, spec)
         except SpecfleetError as exc:
@@ -343,7 +235,7 @@ class TargetSupervisor:
         if command_task in done and not command_task.cancelled():
             cmd = command_task.result()
             if cmd.kind == "retune":
-                self._apply_pending()
+                self.tuner.apply_pending()
             self._set_state(State.STOPPING, cmd.reason)
             await proc.stop(self.target.restart.stop_grace)
             if cmd.kind not in ("restart", "retune"):
@@ -414,27 +306,10 @@ class TargetSupervisor:
                 if sample is not None:
                     self.metrics = sample
                     try:
-                        self._consider_tuning(sample)
+                        if reason := self.tuner.observe(sample):
+                            self.send("retune", reason)
                     except Exception as exc:  # a bug here must not stop supervision
                         self._event("error", f"tuning skipped after an internal error: {exc!r}")
-
-
-def _fingerprint(target: Target) -> str:
-    """The configuration a tuned length belongs to."""
-    spec = target.speculation
-    return f"{target.backend}|{target.model}|{spec.method}|{spec.variant}|{spec.draft}"
-
-
-def _runtime_key(target: Target, info: RuntimeInfo) -> str:
-    """Identity of the model file and the runtime build (size and mtime, not a hash: cheap)."""
-    parts = [info.version]
-    for path in (target.model, info.binary):
-        try:
-            st = os.stat(os.path.expanduser(path))
-            parts.append(f"{path}:{st.st_size}:{int(st.st_mtime)}")
-        except OSError:
-            parts.append(path)
-    return "|".join(parts)
 
 
 def _metrics_view(m: MetricsSample | None) -> dict[str, Any]:

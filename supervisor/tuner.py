@@ -47,6 +47,9 @@ class TunerMemory:
     last_decision: dict[str, Any] | None = None
     # Speedups measured at each length in the current workload regime (JSON keys: str).
     measured: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The window measured with speculation just before the baseline run, judged as soon
+    # as the baseline is known (saves a restart when speculation turns out not to pay).
+    before_baseline: dict[str, Any] | None = None
 
     @property
     def speculation(self) -> bool:
@@ -79,16 +82,10 @@ def _r(x: float | None, n: int = 3) -> float | None:
 def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
          now: float, drift: bool) -> Decision | None:
     """The next tuning action for a target, or None to keep the current setting."""
-    evidence = stats.to_dict()
     if memory.phase == BASELINE:
         if stats.tokens < settings.min_tokens or not stats.tokens_per_second:
             return None
-        tps = stats.tokens_per_second
-        return Decision("restore", replace(memory, phase=SPECULATING, baseline_tps=tps,
-                                           last_change=now),
-                        f"baseline measured: {tps:.1f} tokens/s without speculation over "
-                        f"{stats.tokens} tokens; speculation back on at length {bounds.current}",
-                        {"baseline_tps": _r(tps), "length": bounds.current, "evidence": evidence})
+        return _baseline_done(memory, stats, settings, bounds, now)
     if memory.phase == OFF:
         if memory.last_change is not None and now - memory.last_change < settings.reprobe:
             return None
@@ -98,21 +95,58 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
     if memory.baseline_tps is None:
         if stats.tokens < settings.min_tokens:
             return None
-        return Decision("baseline", replace(memory, phase=BASELINE, last_change=now),
+        return Decision("baseline", replace(memory, phase=BASELINE, last_change=now,
+                                            before_baseline=asdict(stats)),
                         "no baseline for this model and runtime yet: measuring throughput "
                         f"without speculation for {settings.min_tokens} tokens",
-                        {"evidence": evidence})
+                        {"evidence": stats.to_dict()})
     if stats.drafts < settings.min_steps or not stats.tokens_per_second:
         return None
     if (not drift and memory.last_change is not None
             and now - memory.last_change < settings.cooldown):
         return None
+    return evaluate(memory, stats, settings, bounds, now, drift)
+
+
+def _baseline_done(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
+                   now: float) -> Decision:
+    tps = stats.tokens_per_second or 0.0
+    raw_before = memory.before_baseline
+    memory = replace(memory, phase=SPECULATING, baseline_tps=tps, last_change=now,
+                     before_baseline=None)
+    said = f"baseline measured: {tps:.1f} tokens/s without speculation over {stats.tokens} tokens"
+    data = {"baseline_tps": _r(tps), "baseline_evidence": stats.to_dict()}
+    before = _usable_window(raw_before, settings)
+    if before is not None:
+        verdict = evaluate(memory, before, settings, bounds, now, False)
+        if verdict.action == "disable":
+            return Decision("disable", verdict.memory, f"{said}; {verdict.reason}",
+                            {**verdict.data, **data})
+        if verdict.action in ("retune", "explore"):
+            return Decision("restore", verdict.memory, f"{said}; speculation back on: "
+                            f"{verdict.reason}", {**verdict.data, **data})
+        memory = verdict.memory  # keeps the measurement
+    return Decision("restore", memory, f"{said}; speculation back on at length {bounds.current}",
+                    {**data, "length": bounds.current})
+
+
+def _usable_window(raw: dict[str, Any] | None, settings: Tuning) -> WindowStats | None:
+    """The with-speculation window recorded before the baseline run, if it is evidence enough."""
+    if raw is None:
+        return None
+    stats = WindowStats(**{**raw, "per_position_rate": tuple(raw.get("per_position_rate", ()))})
+    return stats if stats.drafts >= settings.min_steps and stats.tokens_per_second else None
+
+
+def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
+             now: float, drift: bool) -> Decision:
+    """Judge the current length on `stats` against the baseline: disable, retune, explore or keep."""
+    assert memory.baseline_tps is not None and stats.tokens_per_second
     ev = Evidence(bounds.current, stats.per_position_rate, stats.draft_fraction,
                   stats.mean_draft_size or float(bounds.current), stats.tokens_per_second,
                   memory.baseline_tps)
     low, high = (bounds.low, bounds.high) if bounds.tunable else (bounds.current, bounds.current)
-    known = memory.measurements()
-    choice = choose(ev, low, high, settings.off_margin, known)
+    choice = choose(ev, low, high, settings.off_margin, memory.measurements())
     measured = {**memory.measured, str(bounds.current): asdict(measurement(ev))}
     memory = replace(memory, measured=measured)
     data = {"old_length": bounds.current, "new_length": choice.length,
@@ -121,8 +155,9 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
             "predicted_gain": _r(choice.gain), "draft_cost": _r(choice.draft_cost),
             "step_overhead": _r(choice.overhead), "decay": _r(choice.decay),
             "baseline_tps": _r(memory.baseline_tps), "drift": drift,
-            "measured": {k: _r(v["speedup"]) for k, v in sorted(measured.items(), key=lambda x: int(x[0]))},
-            "evidence": evidence}
+            "measured": {k: _r(v["speedup"])
+                         for k, v in sorted(measured.items(), key=lambda x: int(x[0]))},
+            "evidence": stats.to_dict()}
     if choice.length is None:
         best = max(choice.predictions.values())
         return Decision("disable", replace(memory, phase=OFF, last_change=now, last_decision=data),

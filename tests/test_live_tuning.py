@@ -65,8 +65,10 @@ def test_a_self_draft_is_measured_slower_than_no_speculation_and_turned_off(
           lambda: any(e["data"].get("action") == "disable" for e in tuning_events(daemon, "selfdraft")),
           "The history of the Roman Empire begins with")
     actions = [e["data"].get("action") for e in tuning_events(daemon, "selfdraft")]
-    assert actions[:3] == ["baseline", "restore", "disable"], actions
-    disable = tuning_events(daemon, "selfdraft")[2]
+    # The window measured with speculation before the baseline run is judged as soon as
+    # the baseline is known: speculation goes off without a restore in between.
+    assert actions[:2] == ["baseline", "disable"], actions
+    disable = tuning_events(daemon, "selfdraft")[1]
     assert disable["data"]["measured_speedup"] < 1.0
     assert disable["data"]["baseline_tps"] > 0
     assert disable["data"]["evidence"]["acceptance_rate"] > 0.5  # accepted, and still slower
@@ -88,8 +90,9 @@ def test_a_retune_restarts_with_the_new_length_and_survives_a_daemon_restart(
     daemon = start_daemon(fleet)
     daemon.wait_state("coder", "ready")
     def changed() -> dict | None:
+        # retune or explore, or a restore after the baseline run that already moves the length
         return next((e for e in tuning_events(daemon, "coder")
-                     if e["data"].get("action") in ("retune", "explore")), None)
+                     if e["data"].get("new_length") not in (None, 4)), None)
 
     drive(daemon, "coder", changed, CODE, limit=200)
     retune = changed()

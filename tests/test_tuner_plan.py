@@ -62,3 +62,21 @@ def test_methods_with_nothing_to_tune_are_only_switched_on_or_off():
     d = plan(memory, stats(rates=(0.9,) * 8), SETTINGS, fixed, 1000.0, False)
     assert d.action == "keep"
     assert set(d.data["measured"]) == {"8"}
+
+
+def test_evidence_from_before_the_baseline_is_judged_as_soon_as_the_baseline_is_known():
+    # With speculation: 100 tok/s. Without (the baseline run): 200 tok/s. No restore needed.
+    first = plan(TunerMemory("x"), stats(), SETTINGS, BOUNDS, 0.0, False)
+    assert first.action == "baseline" and first.memory.before_baseline is not None
+    spec_off = WindowStats(0, 0, 0, 400, 2.0, (), 3)
+    d = plan(first.memory, spec_off, SETTINGS, BOUNDS, 10.0, False)
+    assert d.action == "disable" and d.memory.phase == OFF
+    assert d.memory.baseline_tps == 200.0 and d.data["measured_speedup"] == 0.5
+    assert d.data["evidence"]["acceptance_rate"] is not None  # the speculative window
+    assert d.reason.startswith("baseline measured: 200.0 tokens/s")
+
+
+def test_a_window_too_small_before_the_baseline_just_restores_speculation():
+    first = plan(TunerMemory("x"), stats(drafts=5), SETTINGS, BOUNDS, 0.0, False)
+    d = plan(first.memory, WindowStats(0, 0, 0, 400, 2.0, (), 3), SETTINGS, BOUNDS, 10.0, False)
+    assert d.action == "restore" and d.memory.speculation and d.memory.measured == {}

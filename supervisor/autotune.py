@@ -1,0 +1,158 @@
+"""AutoTuner: one target's tuning state, between its metrics and its restarts.
+
+It owns the acceptance window, the drift detector and the tuner memory of one
+target. The TargetSupervisor feeds it every metrics sample (`observe`), which may
+return the reason for a restart; the supervisor's owner task then calls
+`apply_pending` just before it restarts the server, and builds the next launch
+from `draft_length` and `speculation_on`. A "keep" decision is applied at once:
+it records a measurement and restarts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from supervisor.acceptance import AcceptanceWindow
+from supervisor.backend import Backend, MetricsSample, RuntimeInfo
+from supervisor.config.schema import Target
+from supervisor.drift import PageHinkley
+from supervisor.tuner import SPECULATING, Bounds, Decision, TunerMemory, TuningStore, plan
+
+EventSink = Callable[..., None]  # (kind, reason, **data)
+
+
+class AutoTuner:
+    def __init__(self, target: Target, backend: Backend, store: TuningStore | None,
+                 emit: EventSink, clock: Callable[[], float] = time.monotonic) -> None:
+        self.target = target
+        self.backend = backend
+        self.store = store
+        self.emit = emit
+        self.clock = clock
+        self.window = AcceptanceWindow(max_steps=target.tuning.window_steps)
+        self.drift = PageHinkley(threshold=target.tuning.drift_threshold)
+        fingerprint = _fingerprint(target)
+        self.memory = store.load(target.name, fingerprint) if store else TunerMemory(fingerprint)
+        self.retunes = 0
+        self._drifted = False
+        self._pending: Decision | None = None
+        self._pending_since = 0.0
+        self._pending_sent = False
+
+    @property
+    def active(self) -> bool:
+        return self.target.tuning.enabled and self.target.speculation.method != "none"
+
+    @property
+    def speculation_on(self) -> bool:
+        return self.memory.speculation if self.active else True
+
+    @property
+    def draft_length(self) -> int | None:
+        """The length passed to the runtime: tuned, else configured, else its own default."""
+        tuned = self.memory.length if self.active else None
+        return tuned if tuned is not None else self.target.speculation.length.start
+
+    def bounds(self) -> Bounds:
+        length = self.target.speculation.length
+        current = self.draft_length or self.backend.default_length() or 1
+        return Bounds(current, length.min, length.max or self.backend.length_ceiling(),
+                      self.backend.tunable_length() is not None)
+
+    def _remember(self, memory: TunerMemory) -> None:
+        self.memory = memory
+        if self.store is not None:
+            self.store.save(self.target.name, memory)
+
+    def runtime_started(self, info: RuntimeInfo) -> None:
+        """A baseline belongs to one model file and one runtime build: check which this is."""
+        if not self.active:
+            return
+        key = _runtime_key(self.target, info)
+        if self.memory.baseline_key == key:
+            return
+        if self.memory.baseline_tps is not None:
+            self.emit("tuning", "model file or runtime changed: the baseline will be "
+                      "measured again", old_key=self.memory.baseline_key, new_key=key)
+        # Measure again from scratch: whatever was concluded against the old baseline is void.
+        self._remember(replace(self.memory, phase=SPECULATING, baseline_tps=None,
+                               baseline_key=key, measured={}))
+
+    def observe(self, sample: MetricsSample) -> str | None:
+        """Add a metrics sample; returns the reason for a restart when one is due now."""
+        now = time.time()
+        delta = self.window.observe(sample, now)
+        if not self.active:
+            return None
+        if (delta is not None and delta.acceptance_rate is not None and self.speculation_on
+                and (direction := self.drift.update(delta.acceptance_rate))):
+            self._drifted = True
+            self.emit("tuning", f"acceptance drifted {direction} (Page-Hinkley): "
+                      "re-evaluating on new evidence", direction=direction,
+                      acceptance_rate=round(delta.acceptance_rate, 4),
+                      window=self.window.stats().to_dict())
+            self.window.clear()
+            self.drift.reset()
+            # Speedups measured before the change describe a workload that is gone.
+            self._remember(replace(self.memory, measured={}))
+        if self._pending is None:
+            decision = plan(self.memory, self.window.stats(), self.target.tuning, self.bounds(),
+                            now, self._drifted)
+            if decision is not None and decision.action == "keep":
+                self._remember(decision.memory)  # a measurement, no restart
+            elif decision is not None:
+                self._pending, self._pending_since = decision, self.clock()
+        if self._pending is not None and not self._pending_sent:
+            waited = self.clock() - self._pending_since
+            if sample.requests_processing == 0 or waited >= self.target.tuning.max_wait:
+                self._pending_sent = True
+                return self._pending.reason
+        return None
+
+    def apply_pending(self) -> None:
+        """Make the pending decision the current setting (the caller restarts the server)."""
+        decision = self._pending
+        if decision is None:
+            return
+        old = self.bounds().current
+        self._remember(decision.memory)
+        self.retunes += 1
+        self.emit("tuning", decision.reason, **{
+            **decision.data, "action": decision.action, "old_length": old,
+            "new_length": self.draft_length, "speculation": self.speculation_on,
+            "waited_s": round(self.clock() - self._pending_since, 1)})
+        self.window.clear()
+        self.drift.reset()
+        self._drifted, self._pending, self._pending_sent = False, None, False
+
+    def view(self) -> dict[str, Any]:
+        if not self.active:
+            return {"enabled": False}
+        m = self.memory
+        return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
+                "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
+                "window": self.window.stats().to_dict(),
+                "pending": self._pending.reason if self._pending else None,
+                "last_decision": m.last_decision}
+
+
+def _fingerprint(target: Target) -> str:
+    """The configuration a tuned length belongs to."""
+    spec = target.speculation
+    return f"{target.backend}|{target.model}|{spec.method}|{spec.variant}|{spec.draft}"
+
+
+def _runtime_key(target: Target, info: RuntimeInfo) -> str:
+    """Identity of the model file and the runtime build (size and mtime, not a hash: cheap)."""
+    parts = [info.version]
+    for path in (target.model, info.binary):
+        try:
+            st = os.stat(os.path.expanduser(path))
+            parts.append(f"{path}:{st.st_size}:{int(st.st_mtime)}")
+        except OSError:
+            parts.append(path)
+    return "|".join(parts)
