@@ -18,7 +18,7 @@ ratios measured in the same run. A second case runs a target whose draft is the
 same GGUF as the target (speculation can only hurt) and compares against
 speculation off.
 
-Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 30] [--max-tokens 96]
+Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 24] [--max-tokens 96]
 (about 25 minutes on 2 cores). Prints a table and writes benchmarks/results/.
 """
 
@@ -47,7 +47,8 @@ from supervisor import provision  # noqa: E402
 from supervisor.workloads import BUILT_IN  # noqa: E402
 
 PHASES = ["code", "prose", "code"]
-SWEEP = [None, 4, 8, 16, 32, 64]  # None: speculation off
+SWEEPS = {"ngram-mod": [None, 4, 8, 16, 32, 64],  # None: speculation off
+          "self-draft": [None, 2, 4, 16]}
 BENCH_TUNING = {"enabled": True, "min_tokens": 400, "min_steps": 40, "cooldown": "20s",
                 "max_wait": "5s", "reprobe": "10m"}
 
@@ -217,10 +218,10 @@ def strategy_tuned(workdir: Path, target: dict, base_spec: dict, phases: list[st
 
 
 def oracle(workdir: Path, target: dict, base_spec: dict, workloads: set[str], n: int,
-           max_tokens: int) -> dict[str, dict[str, Any]]:
+           max_tokens: int, sweep: list[int | None]) -> dict[str, dict[str, Any]]:
     """tokens/s of every sweep setting on every workload; the best per workload."""
     table: dict[str, dict[str, Any]] = {w: {} for w in workloads}
-    for length in SWEEP:
+    for length in sweep:
         d = Daemon(workdir / f"sweep-{length}", {**target, "speculation": spec_with(base_spec, length)})
         try:
             for w in sorted(workloads):
@@ -232,7 +233,7 @@ def oracle(workdir: Path, target: dict, base_spec: dict, workloads: set[str], n:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=30, help="requests per phase (30)")
+    ap.add_argument("--requests", type=int, default=24, help="requests per phase (24)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--cases", default="ngram-mod,self-draft")
     args = ap.parse_args()
@@ -265,7 +266,7 @@ def main() -> int:
             results["tuned"], events = strategy_tuned(root / case / "tuned", target, spec, phases,
                                                       n, mt)
             print(f"   tuned {results['tuned']}", file=sys.stderr, flush=True)
-            sweep = oracle(root / case / "oracle", target, spec, set(phases), n, mt)
+            sweep = oracle(root / case / "oracle", target, spec, set(phases), n, mt, SWEEPS[case])
             best = {w: max(s, key=lambda k: s[k]["tps"]) for w, s in sweep.items()}
             results["oracle"] = [{"setting": best[p], **sweep[p][best[p]]} for p in phases]
             out["cases"][case] = {

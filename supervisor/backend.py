@@ -12,6 +12,7 @@ import enum
 import os
 import shlex
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,8 +208,6 @@ class Backend:
                        sampling: Mapping[str, object]) -> Generation:
         """One completion for `specfleet bench`: the OpenAI-compatible /v1/completions, timed
         by the wall clock; backends whose runtime reports its own timings override this."""
-        import time
-
         body = {"model": self.target.model, "prompt": prompt, "max_tokens": max_tokens,
                 **sampling}
         started = time.perf_counter()

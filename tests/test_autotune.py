@@ -1,0 +1,82 @@
+"""AutoTuner, the glue between one target's metrics and its restarts, with plain samples."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from plugins.llamacpp import LlamaCppBackend
+from supervisor.autotune import AutoTuner
+from supervisor.backend import MetricsSample, RuntimeInfo
+from supervisor.config.schema import Target
+from supervisor.tuner import TunerMemory, TuningStore
+
+
+def make(tmp_path, **tuning) -> tuple[AutoTuner, list[tuple[str, str, dict]]]:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    target = Target(name="t", model=str(model), port=1, tuning={"min_steps": 20, "min_tokens": 100,
+                                                                  "cooldown": 0, **tuning},
+                    speculation={"method": "ngram", "length": {"start": 8, "max": 16}})
+    events: list[tuple[str, str, dict]] = []
+    tuner = AutoTuner(target, LlamaCppBackend(target), TuningStore(tmp_path / "tuning.json"),
+                      lambda kind, reason, **data: events.append((kind, reason, data)))
+    return tuner, events
+
+
+def sample(drafts: int, accepted_per_step: float, tokens: int, seconds: float,
+           start: float = 1.0, busy: int = 0) -> MetricsSample:
+    per_pos = tuple(round(drafts * min(1.0, accepted_per_step / 8)) for _ in range(8))
+    return MetricsSample(process_start=start, drafts=drafts, draft_tokens=drafts * 8,
+                         accepted_tokens=sum(per_pos), accepted_per_position=per_pos,
+                         tokens_predicted=tokens, tokens_predicted_seconds=seconds,
+                         requests_processing=busy)
+
+
+def test_a_changed_model_or_runtime_invalidates_the_baseline(tmp_path):
+    tuner, events = make(tmp_path)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner._remember(replace(tuner.memory, baseline_tps=50.0))
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    assert tuner.memory.baseline_tps == 50.0 and events == []
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v2"))
+    assert tuner.memory.baseline_tps is None
+    assert events[0][1].startswith("model file or runtime changed")
+
+
+def test_a_decision_waits_for_an_idle_server_then_is_applied_and_persisted(tmp_path):
+    tuner, events = make(tmp_path, max_wait=3600)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    assert tuner.observe(sample(40, 7.0, 400, 4.0, busy=1)) is None  # baseline due, server busy
+    reason = tuner.observe(sample(41, 7.0, 410, 4.1, busy=0))
+    assert reason is not None and "measuring throughput without speculation" in reason
+    tuner.apply_pending()
+    assert not tuner.speculation_on and events[-1][2]["action"] == "baseline"
+    kept = TuningStore(tmp_path / "tuning.json").load("t", tuner.memory.fingerprint)
+    assert kept.phase == "baseline"
+
+
+def test_sustained_acceptance_drift_is_reported_and_clears_old_measurements(tmp_path):
+    tuner, events = make(tmp_path, min_steps=10_000)  # no decisions: watch drift alone
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner._remember(TunerMemory(tuner.memory.fingerprint, baseline_tps=50.0,
+                                baseline_key=tuner.memory.baseline_key,
+                                measured={"8": {"speedup": 1.5, "draft_fraction": 1.0,
+                                                "mean_draft_size": 8.0,
+                                                "accepted_per_draft": 7.0}}))
+    drafts = tokens = 0
+    for i in range(40):
+        per_step = 7.0 if i < 20 else 2.0
+        drafts += 10
+        tokens += round(10 * (1 + per_step))
+        tuner.observe(sample(drafts, per_step, tokens, tokens / 60, busy=1))
+    drift = [e for e in events if "drifted down" in e[1]]
+    assert len(drift) == 1
+    assert tuner.memory.measured == {}
+
+
+def test_a_server_restart_does_not_look_like_negative_acceptance(tmp_path):
+    tuner, _ = make(tmp_path, min_steps=10_000)
+    tuner.observe(sample(100, 7.0, 800, 10.0, start=1.0, busy=1))
+    tuner.observe(sample(10, 7.0, 80, 1.0, start=2.0, busy=1))  # counters restarted
+    stats = tuner.window.stats()
+    assert stats.drafts == 110 and stats.tokens == 880
