@@ -13,8 +13,8 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
   speculation after `reprobe`;
 - lengths already measured in the current workload regime are judged by their
   measured speedup; when only one length has been measured and the model prefers
-  another by less than `min_gain`, that one is tried once ("explore"), so that the
-  cost model is fitted on two points instead of assumed. A drift clears the
+  another by less than `min_gain` but at least half of it, that one is tried once
+  ("explore"), so that the cost model is fitted on two points instead of assumed. A drift clears the
   measurements: the workload they describe is gone.
 `plan` is a pure function of the memory, the window and the clock.
 """
@@ -171,10 +171,13 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
                         f"draft length {bounds.current} -> {choice.length}: predicted "
                         f"{choice.predicted_speedup:.2f}x vs {choice.current_speedup:.2f}x now "
                         f"(+{choice.gain:.0%}) over {stats.drafts} verification steps", data)
-    if (len(measured) < 2 and choice.model_best is not None
-            and choice.model_best != bounds.current):
-        target = choice.model_best
-        predicted = choice.predictions[target] / choice.current_speedup - 1.0
+    target = choice.model_best
+    predicted = (choice.predictions[target] / choice.current_speedup - 1.0
+                 if target is not None else 0.0)
+    # Explore only a promising length (at least half the gain a retune needs): a restart
+    # to measure a predicted +1 % costs more than it can return.
+    if (len(measured) < 2 and target is not None and target != bounds.current
+            and predicted >= settings.min_gain / 2):
         data = {**data, "new_length": target, "predicted_gain": _r(predicted),
                 "predicted_speedup": _r(choice.predictions[target])}
         return Decision("explore", replace(memory, length=target, last_change=now,

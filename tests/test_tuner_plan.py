@@ -46,7 +46,7 @@ def test_slower_than_baseline_turns_speculation_off_and_reprobes_later():
 
 def test_a_single_measurement_leads_to_one_exploration_then_to_a_decision_on_two():
     memory = TunerMemory("x", baseline_tps=80.0)  # 1.25x at length 4
-    d = plan(memory, stats(), SETTINGS, BOUNDS, 1000.0, False)
+    d = plan(memory, stats(rates=(0.95, 0.93, 0.91, 0.9)), SETTINGS, BOUNDS, 1000.0, False)
     assert d.action in ("retune", "explore")
     assert d.memory.length != 4 and set(d.memory.measured) == {"4"}
     later = Bounds(current=d.memory.length, low=1, high=16, tunable=True)
@@ -54,6 +54,13 @@ def test_a_single_measurement_leads_to_one_exploration_then_to_a_decision_on_two
     back = plan(d.memory, worse, SETTINGS, later, 2000.0, False)
     assert back.action == "retune" and back.memory.length == 4
     assert set(back.memory.measured) == {"4", str(d.memory.length)}
+
+
+def test_a_tiny_predicted_gain_is_not_worth_a_restart_even_to_explore():
+    memory = TunerMemory("x", baseline_tps=80.0)
+    d = plan(memory, stats(), SETTINGS, BOUNDS, 1000.0, False)
+    assert d.action == "keep"
+    assert 0 < d.data["predicted_gain"] < SETTINGS.min_gain / 2
 
 
 def test_methods_with_nothing_to_tune_are_only_switched_on_or_off():
