@@ -155,7 +155,10 @@ class TargetSupervisor:
                     cmd = await self._commands.get()
                     if cmd.kind == "shutdown":
                         return
-                    if cmd.kind in ("start", "restart", "retune"):
+                    if cmd.kind == "retune":
+                        # Decided just before the server stopped: it applies at the next start.
+                        self.tuner.apply_pending()
+                    elif cmd.kind in ("start", "restart"):
                         want_running, self._crash_times = True, []
                         self._pending_reason = cmd.reason
                     continue
@@ -197,6 +200,8 @@ class TargetSupervisor:
         if cmd.kind == "stop":
             self._set_state(State.STOPPED, cmd.reason)
             return False
+        if cmd.kind == "retune":
+            self.tuner.apply_pending()
         self._pending_reason = cmd.reason
         return True
 
