@@ -93,7 +93,10 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
                         f"re-probing speculation at length {bounds.current} after "
                         f"{settings.reprobe:g}s off", {"length": bounds.current})
     if memory.baseline_tps is None:
-        if stats.tokens < settings.min_tokens:
+        # Wait for enough speculative evidence too, so that it can be judged the moment the
+        # baseline is known; a target that hardly ever drafts gets its baseline anyway.
+        if stats.tokens < settings.min_tokens or (
+                stats.drafts < settings.min_steps and stats.tokens < 4 * settings.min_tokens):
             return None
         return Decision("baseline", replace(memory, phase=BASELINE, last_change=now,
                                             before_baseline=asdict(stats)),
