@@ -82,42 +82,46 @@ def test_a_self_draft_is_measured_slower_than_no_speculation_and_turned_off(
     assert daemon.target("selfdraft")["speculation"]["enabled"] is False
 
 
-def test_a_retune_restarts_with_the_new_length_and_survives_a_daemon_restart(
+def test_a_retune_restarts_with_the_new_setting_and_survives_a_daemon_restart(
         tmp_path, model, llama_server_bin, start_daemon):
+    # ngram-mod on repeated code measured 1.0x to 1.3x at length 4 on this 2-core machine
+    # from 256 tokens of evidence, so the first decision is a new length (retune, explore,
+    # or a restore that already moves it) or, on a slow day, speculation off. Either way
+    # the server must restart with it, and a new daemon must start with it.
     target = llama_target(model, llama_server_bin, tuning=dict(FAST_TUNING), speculation={
         "method": "ngram", "variant": "mod", "length": {"start": 4, "min": 2, "max": 64}})
     fleet = write_fleet(tmp_path, {"coder": target})
     daemon = start_daemon(fleet)
     daemon.wait_state("coder", "ready")
+
     def changed() -> dict | None:
-        # retune or explore, or a restore after the baseline run that already moves the length
         return next((e for e in tuning_events(daemon, "coder")
-                     if e["data"].get("new_length") not in (None, 4)), None)
+                     if e["data"].get("new_length") not in (None, 4)
+                     or e["data"].get("action") == "disable"), None)
 
     drive(daemon, "coder", changed, CODE, limit=200)
-    retune = changed()
-    new_length = retune["data"]["new_length"]
-    assert retune["data"]["old_length"] == 4 and new_length != 4
-    assert retune["data"]["measured"]["4"] > 0  # the decision carries its measurement
+    decision = changed()["data"]
+    assert decision["old_length"] == 4 and decision["measured"]["4"] > 0
+    off = decision["action"] == "disable"
+    expected = None if off else decision["new_length"]
 
-    def running_length() -> int | None:
-        t = daemon.target("coder")
+    def running_length(d) -> int | bool | None:
+        t = d.target("coder")
         if t.get("state") != "ready":
-            return None
+            return False
         cmd = psutil.Process(t["pid"]).cmdline()
-        return int(cmd[cmd.index("--spec-ngram-mod-n-max") + 1])
+        return int(cmd[cmd.index("--spec-ngram-mod-n-max") + 1]) if "--spec-type" in cmd else None
 
-    wait_for(lambda: running_length() == new_length, 60, "the server to run the new length")
+    wait_for(lambda: running_length(daemon) == expected, 60, "the server to run the new setting")
     state_dir = daemon.state_dir
     assert daemon.stop() == 0
     kept = json.loads((state_dir / "tuning.json").read_text())["coder"]
-    assert kept["length"] == new_length
+    assert (kept["phase"] == "off") if off else (kept["length"] == expected)
 
     again = start_daemon(fleet)
-    pid = again.wait_state("coder", "ready")["pid"]
-    cmd = psutil.Process(pid).cmdline()
-    assert int(cmd[cmd.index("--spec-ngram-mod-n-max") + 1]) == new_length
-    assert again.target("coder")["speculation"]["draft_length"] == new_length
+    again.wait_state("coder", "ready")
+    assert running_length(again) == expected
+    assert again.target("coder")["speculation"]["enabled"] is (not off)
     again.signal(signal.SIGTERM)
 
 
