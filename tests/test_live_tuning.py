@@ -88,8 +88,10 @@ def test_a_retune_restarts_with_the_new_setting_and_survives_a_daemon_restart(
     # from 256 tokens of evidence, so the first decision is a new length (retune, explore,
     # or a restore that already moves it) or, on a slow day, speculation off. Either way
     # the server must restart with it, and a new daemon must start with it.
-    target = llama_target(model, llama_server_bin, tuning=dict(FAST_TUNING), speculation={
-        "method": "ngram", "variant": "mod", "length": {"start": 4, "min": 2, "max": 64}})
+    # min_gain 1 %: any length the model prefers is tried, so "keep" cannot stall the test.
+    target = llama_target(model, llama_server_bin, tuning={**FAST_TUNING, "min_gain": "1%"},
+                          speculation={"method": "ngram", "variant": "mod",
+                                       "length": {"start": 4, "min": 2, "max": 64}})
     fleet = write_fleet(tmp_path, {"coder": target})
     daemon = start_daemon(fleet)
     daemon.wait_state("coder", "ready")
