@@ -212,7 +212,8 @@ def strategy_tuned(workdir: Path, target: dict, base_spec: dict, phases: list[st
     try:
         # Warm-up, not counted: the tuner measures its baseline once per model and runtime.
         deadline = time.monotonic() + 600
-        while not any(e["data"].get("action") == "restore" for e in d.events()
+        # It ends with "restore" (speculation back on) or "disable" (judged not to pay).
+        while not any(e["data"].get("action") in ("restore", "disable") for e in d.events()
                       if e["kind"] == "tuning") and time.monotonic() < deadline:
             run_requests(d, phases[0], 4, max_tokens)
         return [run_requests(d, p, n, max_tokens) for p in phases], d.events()
