@@ -7,25 +7,21 @@ It says which daemon wrote it, so a reader can tell a live daemon from a stale f
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from supervisor.atomicfile import write_json
 from supervisor.target import TargetStatus
 
 STATUS_FILE = "status.json"
 
 
 def write(state_dir: Path, daemon: dict[str, Any], targets: list[TargetStatus]) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / STATUS_FILE
-    tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps({"daemon": daemon, "targets": [asdict(t) for t in targets]},
-                              indent=1))
-    tmp.replace(path)
+    write_json(state_dir / STATUS_FILE,
+               {"daemon": daemon, "targets": [asdict(t) for t in targets]}, indent=1)
 
 
 def read(state_dir: Path) -> dict[str, Any] | None:

@@ -22,12 +22,12 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from supervisor.acceptance import WindowStats
+from supervisor.atomicfile import write_json
 from supervisor.config.schema import Tuning
 from supervisor.tuning import Evidence, Measurement, choose, measurement
 
@@ -226,7 +226,4 @@ class TuningStore:
         except (OSError, ValueError):
             data = {}
         data[name] = asdict(memory)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(self.path)
+        write_json(self.path, data, indent=1)

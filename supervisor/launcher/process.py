@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.atomicfile import write_json
 from supervisor.backend import LaunchSpec
 
 PR_SET_PDEATHSIG = 1
@@ -74,10 +75,7 @@ class ChildRegistry:
             return {}
 
     def _write(self, data: dict[str, dict[str, float]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.path)
+        write_json(self.path, data)
 
     def add(self, name: str, pid: int) -> None:
         data = self._read()
