@@ -142,14 +142,16 @@ def _format(source: SourceMap, problem: Problem) -> tuple[int, int, str, str]:
     return line, column, problem.message, text
 
 
-def _schema_problems(data: dict[str, Any]) -> list[Problem]:
+def _schema_problems(data: dict[str, Any]) -> tuple[Fleet | None, list[Problem]]:
+    """Validate once: the Fleet if the schema holds, and every schema problem."""
     problems = []
     for name, raw in (data.get("targets") or {}).items() if isinstance(data.get("targets"), dict) else ():
         if isinstance(raw, dict) and "name" in raw:
             problems.append(Problem(("targets", name, "name"),
                                     "a target's name is its key under targets:; remove name:"))
+    fleet = None
     try:
-        Fleet.model_validate(_without_names(data))
+        fleet = Fleet.model_validate(_without_names(data))
     except ValidationError as exc:
         for err in exc.errors():
             loc = tuple(err["loc"])
@@ -157,7 +159,7 @@ def _schema_problems(data: dict[str, Any]) -> list[Problem]:
             if err["type"] == "missing" or (loc[:1] == ("targets",) and loc[2:] == ("name",)):
                 loc = loc[:-1]
             problems.append(Problem(loc, _message(err)))
-    return problems
+    return fleet, problems
 
 
 def _without_names(data: dict[str, Any]) -> dict[str, Any]:
@@ -196,10 +198,11 @@ def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
         kind = "a list" if isinstance(data, list) else f"the value {_show(data)}"
         raise FleetFileError([f"{path}:1:1: (top level): found {kind}; {TOP_LEVEL_HINT}"])
 
-    problems = [*problems, *_schema_problems(data)]
-    fleet = None
-    if not any(p.severity == "error" for p in problems):
-        fleet = Fleet.model_validate(_without_names(data))
+    fleet, schema_problems = _schema_problems(data)
+    problems = [*problems, *schema_problems]
+    if any(p.severity == "error" for p in problems):
+        fleet = None
+    if fleet is not None:
         problems += cross_check(fleet)
         if check_target is not None:
             for name, target in fleet.targets.items():
