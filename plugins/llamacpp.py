@@ -9,6 +9,7 @@ restart.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import aiohttp
 
-from supervisor import promtext, provision
+from supervisor import modelfacts, oom, promtext, provision, vram
 from supervisor.backend import (
     Backend,
     Failure,
@@ -70,8 +71,17 @@ _LOAD_ERROR = re.compile(r"exiting due to model loading error|failed to load mod
 _BAD_ARG = re.compile(r"error: invalid argument: \S+|error while handling argument[^\n]*|"
                       r"unknown speculative type[^\n]*", re.IGNORECASE)
 _BIND = re.compile(r"couldn't bind HTTP server socket[^\n]*", re.IGNORECASE)
-_OOM = re.compile(r"CUDA error: out of memory|cudaMalloc failed: out of memory|"
-                  r"failed to allocate \S+ buffer|std::bad_alloc", re.IGNORECASE)
+
+# Flags that size memory, by every spelling llama-server accepts (b11434).
+_CTX_FLAGS = {"-c": "ctx", "--ctx-size": "ctx", "-np": "parallel", "--parallel": "parallel",
+              "-ub": "ubatch", "--ubatch-size": "ubatch", "-ctk": "cache_type_k",
+              "--cache-type-k": "cache_type_k", "-ctv": "cache_type_v",
+              "--cache-type-v": "cache_type_v", "-ngl": "gpu_layers", "--gpu-layers": "gpu_layers",
+              "--n-gpu-layers": "gpu_layers"}
+_CTX_SWITCHES = {"--swa-full": ("swa_full", True), "-kvu": ("unified", True),
+                 "--kv-unified": ("unified", True), "-no-kvu": ("unified", False),
+                 "--no-kv-unified": ("unified", False)}
+AUTO_PARALLEL = 4  # llama-server's choice for --parallel -1 (auto), with a unified KV cache
 
 # `--help` costs a second; ask each binary once per daemon (keyed by path, size, mtime).
 _help_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
@@ -100,6 +110,32 @@ def method_args(target: Target, draft_length: int | None, speculation: bool = Tr
     if n is not None:
         args += ["--spec-draft-n-max", str(n)]
     return args
+
+
+def context_settings(args: tuple[str, ...] | list[str]) -> vram.ContextSettings:
+    """The memory-sizing settings that a target's `args:` give llama-server; pure."""
+    found: dict[str, object] = {}
+    it = iter(args)
+    for arg in it:
+        flag, eq, inline = arg.partition("=")
+        if flag in _CTX_SWITCHES:
+            key, value = _CTX_SWITCHES[flag]
+            found[key] = value
+        elif flag in _CTX_FLAGS:
+            raw = inline if eq else next(it, "")
+            key = _CTX_FLAGS[flag]
+            if key.startswith("cache_type"):
+                found[key] = raw
+            elif key == "gpu_layers":
+                found[key] = None if raw in ("auto", "all", "") else int(raw) if raw.lstrip(
+                    "-").isdigit() else None
+            elif raw.lstrip("-").isdigit():
+                found[key] = int(raw)
+    parallel = found.pop("parallel", -1)
+    auto = not isinstance(parallel, int) or parallel <= 0
+    unified = found.pop("unified", auto)  # llama-server unifies the cache when it picks -np
+    return vram.ContextSettings(parallel=AUTO_PARALLEL if auto else int(parallel),  # type: ignore[arg-type]
+                                unified=bool(unified), **found)  # type: ignore[arg-type]
 
 
 def check_help_text(help_text: str) -> str | None:
@@ -190,7 +226,22 @@ class LlamaCppBackend(Backend):
             raise SpecfleetError(f"{binary}: {why}")
         return RuntimeInfo(binary, version)
 
-    def launch_spec(self, draft_length: int | None = None, speculation: bool = True) -> LaunchSpec:
+    def memory_estimate(self, on_gpu: bool) -> vram.Estimate | None:
+        files = self.model_files()
+        if "model" not in files:
+            return None
+        settings = context_settings(self.target.args)
+        if not on_gpu:
+            settings = dataclasses.replace(settings, gpu_layers=None)
+        estimate = vram.llamacpp_model(modelfacts.read(files["model"]), settings, "target")
+        if "draft" in files and self.target.speculation.method != "none":
+            estimate += vram.llamacpp_model(modelfacts.read(files["draft"]), settings, "draft")
+        if on_gpu:
+            estimate += vram.Estimate(overhead=vram.GPU_RUNTIME_OVERHEAD)
+        return estimate
+
+    def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
+                    placement: vram.Assignment | None = None) -> LaunchSpec:
         t = self.target
         argv = [self.resolve_binary(), "--model", str(Path(t.model).expanduser()),
                 "--host", t.host, "--port", str(t.port), "--metrics",
@@ -198,6 +249,8 @@ class LlamaCppBackend(Backend):
         env = dict(t.env)
         if t.gpus == "none":
             env["CUDA_VISIBLE_DEVICES"] = ""
+        elif placement is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
         elif isinstance(t.gpus, tuple):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
         secret: frozenset[str] = frozenset()
@@ -240,8 +293,8 @@ class LlamaCppBackend(Backend):
                           int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
-        if m := _OOM.search(output_tail):
-            return Failure(FailureKind.OUT_OF_MEMORY, f"out of memory: {m.group(0)}", False)
+        if message := oom.search(output_tail):
+            return Failure(FailureKind.OUT_OF_MEMORY, f"out of memory: {message}")
         if _LOAD_ERROR.search(output_tail):
             return Failure(FailureKind.LOAD_ERROR,
                            f"llama-server could not load the model {self.target.model}", False)

@@ -20,9 +20,11 @@ from typing import ClassVar
 
 import aiohttp
 
-from supervisor.config.schema import Target
+from supervisor import modelfacts, pairing
+from supervisor.config.schema import METHODS_WITH_DRAFT_FILE, Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
+from supervisor.vram import Assignment, Estimate
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ class Backend:
     live_draft_length: ClassVar[bool] = False
     # The executable looked up on PATH when the target sets no `binary:`.
     default_binary: ClassVar[str] = ""
+    # True for runtimes that claim a fraction of the GPU rather than what they need
+    # (vLLM): the planner then gives each its share explicitly.
+    fills_gpu_memory: ClassVar[bool] = False
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -164,9 +169,39 @@ class Backend:
         """Checks that need the runtime itself (its version, its flags); raise SpecfleetError."""
         return RuntimeInfo(self.resolve_binary())
 
-    def launch_spec(self, draft_length: int | None = None, speculation: bool = True) -> LaunchSpec:
-        """The command for this target; `speculation=False` runs it without (tuner baseline/off)."""
+    def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
+                    placement: Assignment | None = None) -> LaunchSpec:
+        """The command for this target; `speculation=False` runs it without (tuner baseline/off);
+        `placement` is the planner's choice of GPUs (and memory share) when it made one."""
         raise NotImplementedError
+
+    # --- models: pairing guard, memory estimate, run record ---
+
+    def model_files(self) -> dict[str, str]:
+        """Local model files and directories of this target by role (model, draft)."""
+        out = {}
+        for role, ref in (("model", self.target.model), ("draft", self.target.speculation.draft)):
+            if ref and Path(ref).expanduser().exists():
+                out[role] = str(Path(ref).expanduser())
+        return out
+
+    def pairing_findings(self) -> list[pairing.Finding]:
+        """Does the draft (head) fit the target? Reads the model files' headers; blocking."""
+        spec = self.target.speculation
+        if spec.method not in METHODS_WITH_DRAFT_FILE:
+            return []
+        files = self.model_files()
+        if "model" not in files or (spec.draft and "draft" not in files):
+            return []  # the backend's check() reports missing files; remote refs cannot be read
+        target = modelfacts.read(files["model"])
+        if "draft" not in files:
+            return pairing.check_mtp(target, None) if spec.method == "mtp" else []
+        return pairing.check_pair(target, modelfacts.read(files["draft"]), spec.method,
+                                  modelfacts.read_tokens)
+
+    def memory_estimate(self, on_gpu: bool) -> Estimate | None:
+        """What this target needs in (GPU) memory, or None if the backend cannot tell."""
+        return None
 
     def api_key(self) -> str | None:
         """Read the API key from its source; never log the result."""

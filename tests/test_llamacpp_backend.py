@@ -116,8 +116,17 @@ def test_preflight_accepts_the_real_build(llama_server_bin):
     ("error: invalid argument: --bogus\n", FailureKind.BAD_ARGUMENTS, False),
     ("srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080\n",
      FailureKind.PORT_IN_USE, True),
+    # llama.cpp b11434's whole CUDA out-of-memory sequence: it also says "failed to load
+    # model", but the cause is memory, and memory can come back (policy.after_failure).
     ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: "
-     "cudaMalloc failed: out of memory\n", FailureKind.OUT_OF_MEMORY, False),
+     "cudaMalloc failed: out of memory\n"
+     "alloc_tensor_range: failed to allocate CUDA0 buffer of size 9437184000\n"
+     "llama_model_load: error loading model: unable to allocate CUDA0 buffer\n"
+     "llama_model_load_from_file_impl: failed to load model\n"
+     "srv    load_model: failed to load model, '/m.gguf'\n"
+     "main: exiting due to model loading error\n", FailureKind.OUT_OF_MEMORY, True),
+    ("llama_init_from_model: failed to initialize the context: failed to allocate buffer for "
+     "kv cache\n", FailureKind.OUT_OF_MEMORY, True),
 ])
 def test_runtime_failure_output_becomes_a_clear_error(output, kind, retryable):
     failure = LlamaCppBackend(target()).explain_failure(output, 1)

@@ -50,8 +50,7 @@ def test_old_crashes_outside_the_window_do_not_count():
     assert decision.delay == pytest.approx(2.0)  # the only recent crash is this one
 
 
-@pytest.mark.parametrize("kind", [FailureKind.LOAD_ERROR, FailureKind.BAD_ARGUMENTS,
-                                  FailureKind.OUT_OF_MEMORY])
+@pytest.mark.parametrize("kind", [FailureKind.LOAD_ERROR, FailureKind.BAD_ARGUMENTS])
 def test_a_permanent_failure_is_not_retried(kind):
     decision = after_failure(Failure(kind, "it failed", retryable=False), (0.0,), 0.0,
                              Restart(), 0.5)
@@ -67,3 +66,35 @@ def test_a_hang_is_declared_after_the_configured_consecutive_failures_only():
     assert not tracker.failed()
     assert not tracker.failed()
     assert tracker.failed()
+
+
+OOM = Failure(FailureKind.OUT_OF_MEMORY, "out of memory: cudaMalloc failed: out of memory")
+
+
+@pytest.mark.parametrize("fits_now", [True, None])
+def test_a_first_out_of_memory_gets_one_restart_when_it_fits_or_nobody_can_tell(fits_now):
+    decision = after_failure(OOM, (0.0,), 0.0, NO_JITTER, 0.5, oom_times=(0.0,),
+                             fits_now=fits_now)
+    assert not decision.give_up
+    assert "one restart after out of memory" in decision.reason
+    assert "a second one within 10m00s ends in failed" in decision.reason
+
+
+def test_an_out_of_memory_that_still_does_not_fit_is_not_restarted():
+    decision = after_failure(OOM, (0.0,), 0.0, NO_JITTER, 0.5, oom_times=(0.0,),
+                             fits_now=False, fit_detail="needs 30.00 GiB but GPU 0 has 12.00 GiB")
+    assert decision.give_up
+    assert "does not fit now either (needs 30.00 GiB but GPU 0 has 12.00 GiB)" in decision.reason
+
+
+def test_a_second_out_of_memory_within_the_window_ends_in_failed_even_if_it_fits():
+    decision = after_failure(OOM, (0.0, 5.0), 5.0, NO_JITTER, 0.5, oom_times=(0.0, 5.0),
+                             fits_now=True)
+    assert decision.give_up
+    assert "out of memory 2 times within 10m00s: not restarting into the same failure" \
+        in decision.reason
+
+
+def test_an_out_of_memory_long_after_the_last_one_gets_its_restart_again():
+    decision = after_failure(OOM, (0.0, 900.0), 900.0, NO_JITTER, 0.5, oom_times=(0.0, 900.0))
+    assert not decision.give_up

@@ -171,12 +171,23 @@ class Target(_Strict):
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
 
+class GpuSettings(_Strict):
+    """VRAM planning and the GPU monitor (docs/gpus.md)."""
+
+    headroom: Bytes = 1 << 30  # keep this much free on every GPU
+    # Memory per GPU (index order) to plan against when NVML cannot read it; empty: read it.
+    memory: tuple[Annotated[int, BeforeValidator(parse_size), Field(gt=0)], ...] = ()
+    interval: Seconds = 15.0  # between two readings of the monitor
+    refuse: bool = True  # refuse a target that does not fit (false: warn and start it)
+
+
 class Daemon(_Strict):
     state_dir: str = Field(default_factory=default_state_dir)
     log_dir: str | None = None  # default: <state_dir>/logs
     api: str = "127.0.0.1:9910"
     log_max_bytes: Bytes = 10 * 1024 * 1024
     log_backups: int = Field(default=3, ge=0, le=100)
+    gpu: GpuSettings = GpuSettings()
 
     @field_validator("api")
     @classmethod
