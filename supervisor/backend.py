@@ -101,6 +101,7 @@ class FailureKind(enum.Enum):
     BAD_ARGUMENTS = "bad_arguments"
     OUT_OF_MEMORY = "out_of_memory"
     PORT_IN_USE = "port_in_use"
+    REFUSED = "refused"  # the pairing guard or the VRAM planner refused the start
 
 
 @dataclass(frozen=True)

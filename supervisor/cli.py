@@ -8,7 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from supervisor import __version__, statusfile, statusview
+import psutil
+
+from supervisor import __version__, gpus, placement, statusfile, statusview
 from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import default_state_dir
 from supervisor.errors import FleetFileError, SpecfleetError
@@ -52,15 +54,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     loaded = _load(args.file, registry)
     fleet = loaded.fleet
     print(f"{args.file}: OK, {len(fleet.targets)} target(s)")
+    backends = {name: registry.backend_for(t) for name, t in fleet.targets.items()}
+    fleet_plan = placement.make_plan(backends, gpus.read(), fleet.daemon.gpu,
+                                     host_available=psutil.virtual_memory().available)
     for target in fleet.targets.values():
-        backend = registry.backend_for(target)
-        spec = backend.launch_spec()
+        backend = backends[target.name]
+        spec = backend.launch_spec(placement=placement.assignment_in(fleet_plan, target.name))
         method = target.speculation.method
         if method == "ngram":
             method += f" ({target.speculation.variant or 'default variant'})"
         print(f"\n[{target.name}] backend {target.backend}, {target.base_url}, speculation "
               f"{method}, launcher {target.launcher}")
         print(f"  {spec.shell_line()}")
+    print("\n" + placement.render(fleet_plan))
+    refused = fleet_plan.plan.refused if fleet_plan.plan is not None else {}
+    if refused and fleet.daemon.gpu.refuse:
+        for name, why in refused.items():
+            print(f"{args.file}: targets.{name}: does not fit in GPU memory: {why}",
+                  file=sys.stderr)
+        return 2
     return 0
 
 

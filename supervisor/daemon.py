@@ -25,7 +25,10 @@ from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
 from supervisor.launcher.process import ProcessLauncher
 from supervisor.logs import get_logger
+from supervisor.monitor import HeadroomAlert, ResourceMonitor
+from supervisor.placement import Placer
 from supervisor.registry import BackendRegistry
+from supervisor.runrecord import RunRecorder
 from supervisor.target import TargetSupervisor
 from supervisor.tuner import TuningStore
 
@@ -45,6 +48,10 @@ class Daemon:
                                         settings.log_max_bytes, settings.log_backups)
         self.supervisors: dict[str, TargetSupervisor] = {}
         self.tuning_store = TuningStore(self.state_dir / "tuning.json")
+        self.placer = Placer(settings.gpu)
+        self.records = RunRecorder(self.state_dir)
+        self.monitor = ResourceMonitor(settings.gpu, self._running_pids, self._publish_usage,
+                                       self._headroom_alert)
         self._signals: asyncio.Queue[int] = asyncio.Queue()
         self._http: aiohttp.ClientSession | None = None
         self._started = time.time()
@@ -67,14 +74,20 @@ class Daemon:
             # Connection: close on every probe: an idle keep-alive connection would tie up
             # one of llama-server's few HTTP worker threads.
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+            monitor: asyncio.Task[None] | None = None
             try:
                 self.emit("daemon", f"specfleet {__version__} started with {self.fleet_path} "
                           f"({len(self.fleet.targets)} targets)")
+                await self._plan(self.fleet)
+                monitor = asyncio.create_task(self.monitor.run(), name="monitor")
                 for target in self.fleet.targets.values():
                     self._add(target)
                 await self._main_loop()
             finally:
+                if monitor is not None:
+                    monitor.cancel()
                 await self._stop_all("daemon stopping")
+                await self.records.close()
                 await self._http.close()
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
@@ -119,7 +132,8 @@ class Daemon:
         sup = TargetSupervisor(target, self.registry.backend_for(target), self.launcher,
                                self.events, self._http,
                                log_file=str(self.launcher.log_path(target.name)),
-                               tuning_store=self.tuning_store)
+                               tuning_store=self.tuning_store, placer=self.placer,
+                               records=self.records, launcher_name=target.launcher)
         self.supervisors[target.name] = sup
         sup.launch().add_done_callback(self._owner_ended)
 
@@ -158,6 +172,12 @@ class Daemon:
                   f"removed, {len(changed)} changed",
                   data={"added": added, "removed": removed, "changed": changed})
         self.fleet = new
+        # Plan the new fleet against free memory plus what its own running targets hold.
+        ours: dict[int, int] = {}
+        for sup in self.supervisors.values():
+            for gpu, n in (sup.resources.get("vram_per_gpu") or {}).items():
+                ours[int(gpu)] = ours.get(int(gpu), 0) + n
+        await self._plan(new, ours)
         for name in removed:
             await self.supervisors.pop(name).shutdown("removed from the fleet file")
         for name in changed:
@@ -168,6 +188,37 @@ class Daemon:
         # Keep file order for status and for the stop order.
         self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
         return True
+
+    # --- VRAM plan and resources ---
+
+    async def _plan(self, fleet: Fleet, ours: dict[int, int] | None = None) -> None:
+        backends = {n: self.registry.backend_for(t) for n, t in fleet.targets.items()}
+        fp = await self.placer.replan(backends, ours)
+        if fp.unavailable:
+            self.emit("gpu", fp.unavailable)
+        elif fp.plan is not None:
+            placed = {n: list(a.gpus) for n, a in fp.plan.assignments.items()}
+            self.emit("gpu", f"VRAM plan ({fp.source}): {len(placed)} target(s) placed, "
+                      f"{len(fp.plan.refused)} refused", data={"placed": placed,
+                                                                "refused": fp.plan.refused})
+        if fp.host_warning:
+            self.log.warning(fp.host_warning)
+
+    def _running_pids(self) -> dict[str, int]:
+        out = {}
+        for name, sup in self.supervisors.items():
+            if sup.process is not None and sup.process.returncode is None:
+                out[name] = sup.process.pid
+            else:
+                sup.resources = {}
+        return out
+
+    def _publish_usage(self, name: str, usage: dict[str, Any]) -> None:
+        if (sup := self.supervisors.get(name)) is not None:
+            sup.resources = usage
+
+    def _headroom_alert(self, alert: HeadroomAlert) -> None:
+        self.emit("gpu", alert.message, data={"gpu": alert.gpu, "low": alert.low})
 
     # --- events and status ---
 
@@ -191,5 +242,6 @@ class Daemon:
     def write_status(self) -> None:
         daemon = {"pid": os.getpid(), "create_time": self._create_time, "version": __version__,
                   "fleet_file": str(self.fleet_path), "started": self._started,
-                  "updated": time.time(), "state_dir": str(self.state_dir)}
+                  "updated": time.time(), "state_dir": str(self.state_dir),
+                  "gpus": self.monitor.snapshot.to_dict()}
         statusfile.write(self.state_dir, daemon, [s.status() for s in self.supervisors.values()])

@@ -21,3 +21,7 @@ class FleetFileError(SpecfleetError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+class StartRefused(SpecfleetError):
+    """A start that cannot work (the pairing guard, the VRAM planner); says why, with numbers."""

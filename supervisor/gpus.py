@@ -6,6 +6,7 @@ found, driver not loaded, no device), never an exception to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 
@@ -77,14 +78,10 @@ def _read_one(index: int) -> GpuReading:
     uuid = pynvml.nvmlDeviceGetUUID(handle)
     uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
     util = temp = None
-    try:
+    with contextlib.suppress(pynvml.NVMLError):
         util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    except pynvml.NVMLError:
-        pass
-    try:
+    with contextlib.suppress(pynvml.NVMLError):
         temp = int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
-    except pynvml.NVMLError:
-        pass
     processes: dict[int, int] = {}
     for getter in (pynvml.nvmlDeviceGetComputeRunningProcesses,
                    pynvml.nvmlDeviceGetGraphicsRunningProcesses):

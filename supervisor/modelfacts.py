@@ -136,7 +136,7 @@ class _GGUFHeader:
 
     def __enter__(self) -> _GGUFHeader:
         try:
-            self._file = open(self.path, "rb")  # noqa: SIM115 (closed in __exit__)
+            self._file = open(self.path, "rb")
             self.buf = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise SpecfleetError(f"cannot read {self.path}: {exc}") from exc

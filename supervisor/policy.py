@@ -21,7 +21,6 @@ from supervisor.backend import Failure, FailureKind
 from supervisor.config.schema import Health, Restart
 from supervisor.config.units import format_duration
 
-
 MAX_OOM_RESTARTS = 1  # per crash window
 
 

@@ -44,7 +44,15 @@ class BackendRegistry:
             hint = did_you_mean(target.backend, self._backends)
             return [Problem(("backend",), f"backend {target.backend!r} is not installed{hint}; "
                                           f"installed: {', '.join(self.names())}")]
-        return cls.check(target)
+        problems = cls.check(target)
+        if any(p.severity == "error" for p in problems):
+            return problems
+        where = ("speculation", "draft") if target.speculation.draft else ("speculation", "method")
+        try:
+            findings = cls(target).pairing_findings()
+        except SpecfleetError as exc:
+            return [*problems, Problem(where, str(exc))]
+        return [*problems, *(Problem(where, f.message, f.level) for f in findings)]
 
     def backend_for(self, target: Target) -> Backend:
         cls = self._backends.get(target.backend)

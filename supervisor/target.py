@@ -22,9 +22,11 @@ from supervisor import policy
 from supervisor.autotune import AutoTuner
 from supervisor.backend import Backend, Failure, FailureKind, MetricsSample, Readiness
 from supervisor.config.schema import Target
-from supervisor.errors import SpecfleetError
+from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
 from supervisor.launcher.base import Launcher, RunningProcess
+from supervisor.placement import Placer
+from supervisor.runrecord import RunRecorder
 from supervisor.states import ALLOWED, State
 from supervisor.tuner import TuningStore
 
@@ -55,6 +57,9 @@ class TargetStatus:
     tuning: dict[str, Any] = field(default_factory=dict)
     retunes: int = 0
     log_file: str | None = None
+    placement: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)  # VRAM, RSS, CPU (the monitor)
+    warnings: list[str] = field(default_factory=list)  # the pairing guard's, at the last start
 
 
 def _exit_description(code: int) -> str:
@@ -69,7 +74,8 @@ class TargetSupervisor:
     def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
-                 tuning_store: TuningStore | None = None) -> None:
+                 tuning_store: TuningStore | None = None, placer: Placer | None = None,
+                 records: RunRecorder | None = None, launcher_name: str = "process") -> None:
         self.target = target
         self.backend = backend
         self.launcher = launcher
@@ -88,7 +94,14 @@ class TargetSupervisor:
         self.metrics: MetricsSample | None = None
         self.log_file = log_file
         self.tuner = AutoTuner(target, backend, tuning_store, self._event, clock)
+        self.placer = placer
+        self.records = records
+        self.launcher_name = launcher_name
+        self.placement: dict[str, Any] = {}
+        self.resources: dict[str, Any] = {}
+        self.warnings: list[str] = []
         self._crash_times: list[float] = []
+        self._oom_times: list[float] = []
         self._commands: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._pending_reason = "daemon started"  # the reason the next start will carry
@@ -133,7 +146,8 @@ class TargetSupervisor:
                              "nothing to tune for this method" if spec.method != "none"
                              else None)},
             metrics=_metrics_view(self.metrics), tuning=self.tuner.view(),
-            retunes=self.tuner.retunes, log_file=self.log_file)
+            retunes=self.tuner.retunes, log_file=self.log_file, placement=dict(self.placement),
+            resources=dict(self.resources), warnings=list(self.warnings))
 
     # --- the owner task ---
 
@@ -159,7 +173,7 @@ class TargetSupervisor:
                         # Decided just before the server stopped: it applies at the next start.
                         self.tuner.apply_pending()
                     elif cmd.kind in ("start", "restart"):
-                        want_running, self._crash_times = True, []
+                        want_running, self._crash_times, self._oom_times = True, [], []
                         self._pending_reason = cmd.reason
                     continue
                 outcome = await self._run_once()
@@ -180,8 +194,15 @@ class TargetSupervisor:
         """Back off and restart, or give up. Returns whether to run again (None: shut down)."""
         now = self.clock()
         self._crash_times.append(now)
+        fits_now, fit_detail = None, ""
+        if failure.kind == FailureKind.OUT_OF_MEMORY:
+            self._oom_times.append(now)
+            if self.placer is not None:
+                fits_now, fit_detail = await self.placer.fits_now(self.name)
         decision = policy.after_failure(failure, tuple(self._crash_times), now,
-                                        self.target.restart, self.rand())
+                                        self.target.restart, self.rand(),
+                                        oom_times=tuple(self._oom_times), fits_now=fits_now,
+                                        fit_detail=fit_detail)
         if decision.give_up:
             self._set_state(State.FAILED, decision.reason, self.failure_output,
                             failure=failure.kind.value)
@@ -209,12 +230,31 @@ class TargetSupervisor:
         """Start the process and supervise it until it fails or a command interrupts it."""
         self._set_state(State.STARTING, self._pending_reason)
         try:
+            started = await self._start()
+            if isinstance(started, Failure):
+                return started
+            return await self._supervise(started)
+        finally:
+            if self.placer is not None:
+                self.placer.released(self.name)
+
+    async def _start(self) -> RunningProcess | Failure:
+        try:
             info = await self.backend.preflight()
+            await self._check_pairing()
+            placement = await self.placer.check_start(self.name) if self.placer else None
+            self.placement = ({"gpus": list(placement.gpus), "per_gpu": placement.per_gpu,
+                               "memory_fraction": placement.memory_fraction}
+                              if placement else {})
             self.tuner.runtime_started(info)
             spec = self.backend.launch_spec(self.tuner.draft_length,
-                                            speculation=self.tuner.speculation_on)
+                                            speculation=self.tuner.speculation_on,
+                                            placement=placement)
             self.runtime = {"binary": info.binary, "version": info.version}
             proc = await self.launcher.start(self.name, spec)
+        except StartRefused as exc:
+            self.failure_output = None
+            return Failure(FailureKind.REFUSED, str(exc), retryable=False)
         except SpecfleetError as exc:
             self.failure_output = None
             return Failure(FailureKind.BAD_ARGUMENTS, str(exc), retryable=False)
@@ -224,7 +264,29 @@ class TargetSupervisor:
                            f"{exc.strerror or exc}", retryable=False)
         self.process, self.started_at, self.failure_output = proc, time.time(), None
         self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
+        if self.records is not None:
+            spec_view = {"method": self.target.speculation.method,
+                         "variant": self.target.speculation.variant,
+                         "enabled": self.tuner.speculation_on,
+                         "draft_length": self.tuner.draft_length}
+            self.records.launched(self.name, proc.pid, self._pending_reason, spec, info,
+                                  self.launcher_name, spec_view, self.placement,
+                                  self.backend.model_files())
+        return proc
 
+    async def _check_pairing(self) -> None:
+        """The pairing guard before every start (cached per file, so cheap after the first)."""
+        findings = await asyncio.to_thread(self.backend.pairing_findings)
+        errors = [f.message for f in findings if f.level == "error"]
+        if errors:
+            raise StartRefused("; ".join(errors))
+        warnings = [f.message for f in findings if f.level == "warning"]
+        if warnings != self.warnings:
+            for message in warnings:
+                self._event("pairing", message, level="warning")
+        self.warnings = warnings
+
+    async def _supervise(self, proc: RunningProcess) -> Command | Failure:
         exit_task = asyncio.create_task(proc.wait())
         command_task = asyncio.create_task(self._commands.get())
         health_task = asyncio.create_task(self._watch_health())
@@ -254,11 +316,18 @@ class TargetSupervisor:
         else:
             code = exit_task.result()
             tail = proc.output_tail()
+            if proc.oom_killed():
+                return self._oom_killed(proc)
             failure = self.backend.explain_failure(tail, code) or Failure(
                 FailureKind.CRASH, f"{self.backend.description or self.target.backend} "
                                    f"{_exit_description(code)}")
         self.failure_output = proc.output_tail() or None
         return failure
+
+    def _oom_killed(self, proc: RunningProcess) -> Failure:
+        self.failure_output = proc.output_tail() or None
+        return Failure(FailureKind.OUT_OF_MEMORY, "out of host memory: killed by the kernel's "
+                       "OOM killer (SIGKILL, and oom_kill rose in its cgroup's memory.events)")
 
     async def _watch_health(self) -> Failure:
         """Probe until the process looks hung or never finishes loading; return why."""
@@ -279,6 +348,8 @@ class TargetSupervisor:
             else:
                 if probe.readiness == Readiness.READY:
                     liveness.ok()
+                    if self.state == State.LOADING and self.placer is not None:
+                        self.placer.released(self.name)  # its memory now shows in NVML
                     if self.state in (State.LOADING, State.DEGRADED):
                         took = time.time() - (self.started_at or time.time())
                         self._set_state(State.READY, "health check passed" + (

@@ -197,7 +197,7 @@ def _place(result: Plan, demand: Demand, gpus: tuple[int, ...]) -> None:
         where = " + ".join(f"GPU {g} ({_device(result, g).name}) {gib(max(0, result.available(g)))}"
                            for g in gpus)
         others = {t: a for t, a in result.assignments.items() if set(a.gpus) & set(gpus)}
-        planned = (f"; already planned there: " + ", ".join(
+        planned = ("; already planned there: " + ", ".join(
             f"{t} {gib(sum(a.per_gpu.get(g, 0) for g in gpus))}" for t, a in others.items())
             if others else "")
         result.refused[demand.target] = (

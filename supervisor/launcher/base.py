@@ -27,6 +27,9 @@ class RunningProcess(Protocol):
     def output_tail(self, lines: int = 20) -> str:
         """The last lines the runtime wrote to stdout/stderr."""
 
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer ended the process (as far as can be seen)."""
+
 
 class Launcher(Protocol):
     async def start(self, name: str, spec: LaunchSpec) -> RunningProcess: ...

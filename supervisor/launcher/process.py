@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from supervisor import oom
 from supervisor.atomicfile import write_json
 from supervisor.backend import LaunchSpec
 
@@ -111,6 +112,10 @@ class ChildProcess:
         self._log = log
         self._registry = registry
         self._name = name
+        self._killed_by_us = False
+        # The kernel OOM killer leaves no message: compare the cgroup's oom_kill counter.
+        self._cgroup = oom.cgroup_of(proc.pid)
+        self._oom_kills = oom.oom_kills(self._cgroup)
         self._reader = asyncio.create_task(self._pump(), name=f"output:{name}")
         self._exit = asyncio.create_task(self._reap(), name=f"reap:{name}")
 
@@ -148,7 +153,14 @@ class ChildProcess:
             os.killpg(self.pid, sig)
 
     def kill(self) -> None:
+        self._killed_by_us = True
         self._signal_group(signal.SIGKILL)
+
+    def oom_killed(self) -> bool:
+        if self._proc.returncode != -signal.SIGKILL or self._killed_by_us:
+            return False
+        after = oom.oom_kills(self._cgroup)
+        return after is not None and self._oom_kills is not None and after > self._oom_kills
 
     async def stop(self, grace: float) -> int:
         if self._proc.returncode is None:
@@ -157,7 +169,7 @@ class ChildProcess:
             try:
                 return await asyncio.wait_for(self.wait(), timeout=grace)
             except TimeoutError:
-                self._signal_group(signal.SIGKILL)
+                self.kill()
         return await self.wait()
 
     def output_tail(self, lines: int = 20) -> str:

@@ -1,0 +1,161 @@
+"""Run records: what actually ran, per launch, in <state_dir>/runs/.
+
+`<target>.json` is the latest launch, `<target>.jsonl` every launch (the last
+`HISTORY` kept). A record holds the exact argv, the environment names specfleet set
+(secret values masked), the runtime's version, the GPU placement and the sha256 of
+the model and draft files. Hashing a 40 GB model takes a minute, so it runs in a
+thread after the launch and is cached per file identity (path, size, mtime, inode)
+in <state_dir>/hashes.json; the record is rewritten when the digests are known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.atomicfile import write_json
+from supervisor.backend import LaunchSpec, RuntimeInfo
+
+HISTORY = 50
+_CHUNK = 8 << 20
+
+
+@dataclass
+class RunRecord:
+    target: str
+    started: float
+    pid: int
+    reason: str
+    argv: list[str]
+    env: dict[str, str]
+    runtime: dict[str, str]
+    launcher: str
+    speculation: dict[str, Any]
+    gpus: dict[str, Any]
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> path, size, sha256
+
+
+def file_identity(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+
+
+class Cancelled(Exception):
+    pass
+
+
+def sha256_file(path: str, stop: threading.Event | None = None) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            if stop is not None and stop.is_set():
+                raise Cancelled(path)
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_dir(path: str, stop: threading.Event | None = None) -> str:
+    """A digest of a model directory: each file's relative path and content, in order."""
+    digest = hashlib.sha256()
+    root = Path(path)
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        digest.update(str(p.relative_to(root)).encode() + b"\0")
+        digest.update(sha256_file(str(p), stop).encode())
+    return digest.hexdigest()
+
+
+class RunRecorder:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir / "runs"
+        self.hashes_path = state_dir / "hashes.json"
+        self._hashes: dict[str, str] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop = threading.Event()  # a daemon that stops does not wait for a 40 GB hash
+
+    def _load_hashes(self) -> dict[str, str]:
+        if self._hashes is None:
+            try:
+                self._hashes = json.loads(self.hashes_path.read_text())
+            except (OSError, ValueError):
+                self._hashes = {}
+        return self._hashes
+
+    def digest(self, path: str) -> str:
+        """sha256 of a model file or directory, from the cache when the file is unchanged."""
+        key = file_identity(path)
+        cache = self._load_hashes()
+        if key not in cache:
+            cache[key] = (sha256_dir(path, self._stop) if os.path.isdir(path)
+                          else sha256_file(path, self._stop))
+            # Keep only identities of files that still exist as they were.
+            live = {}
+            for k, v in cache.items():
+                try:
+                    if file_identity(k.split("|", 1)[0]) == k:
+                        live[k] = v
+                except OSError:
+                    pass
+            self._hashes = live
+            write_json(self.hashes_path, live)
+        return cache[key]
+
+    def launched(self, name: str, pid: int, reason: str, spec: LaunchSpec, info: RuntimeInfo,
+                 launcher: str, speculation: dict[str, Any], gpus: dict[str, Any],
+                 files: dict[str, str]) -> RunRecord:
+        record = RunRecord(
+            target=name, started=time.time(), pid=pid, reason=reason, argv=list(spec.argv),
+            env={k: ("***" if k in spec.secret_env else v) for k, v in sorted(spec.env.items())},
+            runtime={"binary": info.binary, "version": info.version}, launcher=launcher,
+            speculation=speculation, gpus=gpus,
+            files={role: {"path": p, "sha256": None} for role, p in files.items()})
+        self._write(record, append=True)
+        task = asyncio.create_task(self._fill_digests(record), name=f"digest:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return record
+
+    async def _fill_digests(self, record: RunRecord) -> None:
+        for info in record.files.values():
+            try:
+                info["size"] = os.path.getsize(info["path"])
+                info["sha256"] = await asyncio.to_thread(self.digest, info["path"])
+            except OSError as exc:
+                info["sha256"] = f"unreadable: {exc.strerror}"
+            except Cancelled:
+                return
+        self._write(record, append=False)
+
+    def _write(self, record: RunRecord, append: bool) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        data = asdict(record)
+        write_json(self.dir / f"{record.target}.json", data)
+        history = self.dir / f"{record.target}.jsonl"
+        lines = history.read_text().splitlines() if history.exists() else []
+        if append:
+            lines.append(json.dumps(data))
+        elif lines:
+            lines[-1] = json.dumps(data)  # the digests of the latest launch are now known
+        tmp = history.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in lines[-HISTORY:]))
+        os.replace(tmp, history)
+
+    async def close(self) -> None:
+        """Stop digests still being computed (daemon shutdown); records keep sha256 null."""
+        self._stop.set()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def read_latest(state_dir: Path, target: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((state_dir / "runs" / f"{target}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

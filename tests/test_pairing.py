@@ -1,0 +1,147 @@
+"""The pairing guard on GGUF files written by the gguf package, and on the real gemma GGUF."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import yaml
+
+from supervisor import modelfacts, pairing
+from supervisor.cli import main
+from tests.ggufs import VOCAB, write_model
+
+F16 = gguf.GGMLQuantizationType.F16
+
+
+def check(target, draft, method="draft"):
+    return pairing.check_pair(modelfacts.read(target), modelfacts.read(draft), method,
+                              modelfacts.read_tokens)
+
+
+def errors(findings):
+    return [f.message for f in findings if f.level == "error"]
+
+
+def warnings(findings):
+    return [f.message for f in findings if f.level == "warning"]
+
+
+@pytest.fixture
+def big(tmp_path):
+    return write_model(tmp_path / "target.gguf", n_embd=256, n_ff=1024, n_layers=4)
+
+
+def test_our_header_reader_agrees_with_the_gguf_packages_reader(big):
+    facts = modelfacts.read(big)
+    reader = gguf.GGUFReader(str(big))
+    assert facts.architecture == reader.fields["general.architecture"].contents()
+    assert facts.parameters == sum(int(t.n_elements) for t in reader.tensors)
+    assert facts.weight_bytes == sum(int(t.n_bytes) for t in reader.tensors)
+    assert facts.embedding_length == reader.fields["llama.embedding_length"].contents()
+    assert facts.tokenizer.n_tokens == len(reader.fields["tokenizer.ggml.tokens"].data)
+    assert modelfacts.read_tokens(big) == reader.fields["tokenizer.ggml.tokens"].contents()
+
+
+def test_a_small_draft_of_the_same_family_passes(tmp_path, big):
+    draft = write_model(tmp_path / "draft.gguf", n_embd=64, n_ff=128, n_layers=2)
+    assert check(big, draft) == []
+
+
+def test_a_mismatched_vocabulary_is_refused_and_the_differing_token_shown(tmp_path, big):
+    tokens = list(VOCAB)
+    tokens[42] = "something-else"
+    draft = write_model(tmp_path / "draft.gguf", tokens=tokens)
+    (message,) = errors(check(big, draft))
+    assert "does not share the target's tokenizer" in message
+    assert "token 42 differs: target 'tok42', draft 'something-else'" in message
+    assert "rejected almost always" in message  # the consequence, in plain words
+
+
+def test_a_vocabulary_of_another_size_is_refused(tmp_path, big):
+    draft = write_model(tmp_path / "draft.gguf", tokens=VOCAB + [f"x{i}" for i in range(200)])
+    (message,) = errors(check(big, draft))
+    assert "vocabulary sizes differ: target 300 tokens, draft 500" in message
+
+
+def test_mismatched_special_tokens_are_refused(tmp_path, big):
+    draft = write_model(tmp_path / "draft.gguf", eos=3)
+    (message,) = errors(check(big, draft))
+    assert "special token eos has id 1 in the target but 3 in the draft" in message
+
+
+def test_another_tokenizer_type_is_refused(tmp_path, big):
+    draft = write_model(tmp_path / "draft.gguf", tokenizer_model="gpt2")
+    (message,) = errors(check(big, draft))
+    assert "tokenizer type differs: target llama, draft gpt2" in message
+
+
+def test_a_draft_that_is_too_large_gets_a_warning(tmp_path, big):
+    draft = write_model(tmp_path / "draft.gguf", n_embd=256, n_ff=512, n_layers=4)
+    findings = check(big, draft)
+    assert errors(findings) == []
+    (message,) = warnings(findings)
+    assert "smaller (at least 5x is needed to pay)" in message
+    assert "speculation will likely make this target slower" in message
+
+
+def test_a_draft_quantized_less_aggressively_gets_a_warning(tmp_path, big):
+    draft = write_model(tmp_path / "draft.gguf", qtype=F16)
+    (message,) = warnings(check(big, draft))
+    assert "quantized less aggressively than the target (16.0 bits per weight" in message
+
+
+def test_an_eagle3_head_of_the_wrong_width_is_refused(tmp_path, big):
+    head = write_model(tmp_path / "head.gguf", arch="eagle3", n_layers=1,
+                       extra={"eagle3.target_hidden_size": 128,
+                              "eagle3.target_layers": [0, 1, 2]})
+    (message,) = errors(check(big, head, "eagle3"))
+    assert "expects a target hidden size of 128, but the target (llama) has 256" in message
+    assert "cannot read this target's hidden states" in message
+
+
+def test_an_eagle3_head_that_fits_passes_and_one_reading_missing_layers_is_refused(tmp_path, big):
+    good = write_model(tmp_path / "good.gguf", arch="eagle3", n_layers=1,
+                       extra={"eagle3.target_hidden_size": 256, "eagle3.target_layers": [0, 1, 3]})
+    assert check(big, good, "eagle3") == []
+    deep = write_model(tmp_path / "deep.gguf", arch="eagle3", n_layers=1,
+                       extra={"eagle3.target_hidden_size": 256, "eagle3.target_layers": [1, 9, 30]})
+    (message,) = errors(check(big, deep, "eagle3"))
+    assert "reads target layers [1, 9, 30], but the target has only 4 layers" in message
+
+
+def test_a_plain_model_given_as_an_eagle3_head_is_refused(tmp_path, big):
+    draft = write_model(tmp_path / "draft.gguf")
+    (message,) = errors(check(big, draft, "eagle3"))
+    assert "is a llama model, not an EAGLE-3 head" in message
+
+
+def test_mtp_needs_next_n_layers_in_the_target_or_a_head(big):
+    (message,) = errors(pairing.check_mtp(modelfacts.read(big), None))
+    assert "carries no MTP (next-n) layers" in message
+
+
+def test_the_real_gemma_gguf_is_a_matched_pair_with_itself(gemma_model):
+    findings = check(gemma_model, gemma_model)
+    assert errors(findings) == []
+    assert [w for w in warnings(findings) if "only 1.0x smaller" in w]  # self-draft: too large
+    facts = modelfacts.read(gemma_model)
+    assert (facts.architecture, facts.tokenizer.n_tokens, facts.swa_layers) == ("gemma3", 262144, 15)
+
+
+def test_check_refuses_a_mismatched_pair_with_file_line_and_path(tmp_path, big, capsys):
+    tokens = list(VOCAB)
+    tokens[7] = "other"
+    draft = write_model(tmp_path / "draft.gguf", tokens=tokens)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"version": 1, "daemon": {"state_dir": str(tmp_path / "s")},
+                                     "targets": {"chat": {
+                                         "model": str(big), "port": 18123, "binary": "/bin/true",
+                                         "speculation": {"method": "draft",
+                                                         "draft": str(draft)}}}},
+                                    sort_keys=False))
+    assert main(["check", str(fleet)]) == 2
+    err = capsys.readouterr().err
+    assert f"{fleet}:" in err
+    assert "targets.chat.speculation.draft: the draft" in err
+    assert "token 7 differs: target 'tok7', draft 'other'" in err
+    assert "Traceback" not in err
