@@ -99,6 +99,19 @@ def cmd_status(args: argparse.Namespace) -> int:
               "(give the fleet file or --state-dir)", file=sys.stderr)
         return 1
     alive = statusfile.daemon_alive(status.get("daemon", {}))
+    if args.target:
+        from supervisor import runrecord
+
+        target = next((t for t in status.get("targets", []) if t["name"] == args.target), None)
+        if target is None:
+            names = ", ".join(t["name"] for t in status.get("targets", [])) or "(none)"
+            raise SpecfleetError(f"no target {args.target!r} in the status; targets: {names}")
+        record = runrecord.read_latest(state_dir, args.target)
+        if args.json:
+            print(json.dumps({**target, "run_record": record}, indent=1))
+        else:
+            print(statusview.render_target(target, record))
+        return 0 if alive else 3
     if args.json:
         print(json.dumps({**status, "daemon_running": alive}, indent=1))
     else:
@@ -186,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "daemon that wrote it is no longer running.")
     p.add_argument("file", metavar="FILE", nargs="?", help="fleet file (to find its state_dir)")
     p.add_argument("--state-dir", help=f"state directory (default {default_state_dir()})")
+    p.add_argument("--target", help="one target in detail, with what actually ran at its last "
+                   "launch (argv, runtime version, sha256 of model and draft, GPUs)")
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
     p.set_defaults(func=cmd_status)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Any
 
@@ -61,6 +62,35 @@ def _tokens_per_second(target: dict[str, Any]) -> str:
     return f"{tps:.1f}" if tps else "-"
 
 
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n / 1024:.0f}K"
+
+
+def _memory(target: dict[str, Any]) -> str:
+    r = target.get("resources") or {}
+    if not r:
+        return "-"
+    out = f"rss {_size(r.get('rss_bytes'))}"
+    if r.get("vram_bytes") is not None:
+        out = f"vram {_size(r['vram_bytes'])} " + out
+    return out
+
+
+def _gpus(daemon: dict[str, Any]) -> list[str]:
+    g = daemon.get("gpus") or {}
+    if g.get("unavailable"):
+        return [f"GPUs: {g['unavailable']}"]
+    return [f"GPU {d['index']} {d['name']}: {_size(d['free'])} free of {_size(d['total'])}"
+            + (f", {d['utilization']}% busy" if d.get("utilization") is not None else "")
+            + (f", {d['temperature']}°C" if d.get("temperature") is not None else "")
+            for d in g.get("gpus", [])]
+
+
 def render(status: dict[str, Any], alive: bool, now: float | None = None) -> str:
     now = time.time() if now is None else now
     daemon = status.get("daemon", {})
@@ -73,13 +103,13 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None) -> str
                 f"{format_duration(now - daemon.get('updated', now))} ago by pid "
                 f"{daemon.get('pid')}); states below are as it left them")
     rows = [("TARGET", "STATE", "PID", "UPTIME", "RESTARTS", "SPECULATION", "ACCEPTED", "TOK/S",
-             "LAST EVENT")]
+             "MEMORY", "LAST EVENT")]
     for t in status.get("targets", []):
         rows.append((t["name"], t["state"], str(t.get("pid") or "-"), _uptime(t, now),
                      str(t.get("restarts", 0)), _speculation(t), _acceptance(t),
-                     _tokens_per_second(t), _last_event(t, now)))
+                     _tokens_per_second(t), _memory(t), _last_event(t, now)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = [head, ""]
+    lines = [head, *(_gpus(daemon) if alive else []), ""]
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False))
                      + "  " + row[-1])
@@ -94,6 +124,48 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None) -> str
             lines.append(f"{t['name']}: tuning decision waiting for an idle server: {decision}")
         if tunable and tunable.startswith("nothing"):
             lines.append(f"{t['name']}: {tunable}")
+        for warning in t.get("warnings") or []:
+            lines.append(f"{t['name']}: warning: {warning}")
     if not status.get("targets"):
         lines.append("(no targets)")
+    return "\n".join(lines)
+
+
+def render_target(target: dict[str, Any], record: dict[str, Any] | None,
+                  now: float | None = None) -> str:
+    """One target in detail, with the record of what actually ran at its last launch."""
+    now = time.time() if now is None else now
+    lines = [f"{target['name']}: {target['state']} ({_last_event(target, now)})",
+             f"  endpoint     {target.get('endpoint')}  backend {target.get('backend')}",
+             f"  pid          {target.get('pid') or '-'}  up {_uptime(target, now)}  "
+             f"restarts {target.get('restarts', 0)}",
+             f"  speculation  {_speculation(target)}  accepted {_acceptance(target)}  "
+             f"tok/s {_tokens_per_second(target)}",
+             f"  memory       {_memory(target)}"]
+    placement = target.get("placement") or {}
+    if placement:
+        lines.append(f"  placement    GPU {','.join(map(str, placement.get('gpus', [])))}"
+                     + (f", memory fraction {placement['memory_fraction']}"
+                        if placement.get("memory_fraction") else ""))
+    for warning in target.get("warnings") or []:
+        lines.append(f"  warning      {warning}")
+    if record is None:
+        lines.append("  (no run record: the target has not been launched)")
+    else:
+        lines += ["", f"what ran (launched {format_duration(now - record['started'])} ago, "
+                      f"pid {record['pid']}, {record['reason']}):",
+                  f"  runtime      {record['runtime'].get('binary')} "
+                  f"(version {record['runtime'].get('version')})",
+                  f"  launcher     {record.get('launcher')}",
+                  f"  argv         {shlex.join(record['argv'])}"]
+        if record.get("env"):
+            lines.append("  env          " + " ".join(f"{k}={v}" for k, v in record["env"].items()))
+        for role, f in (record.get("files") or {}).items():
+            digest = f.get("sha256") or "(being computed)"
+            lines.append(f"  {role:<12} {f['path']}  sha256 {digest}")
+        gpus = record.get("gpus") or {}
+        lines.append(f"  gpus         {gpus.get('gpus', 'not placed by specfleet')}")
+    if target["state"] in ("failed", "backoff") and target.get("failure_output"):
+        lines += ["", f"last output of the runtime ({target.get('log_file')}):"]
+        lines += ["    " + ln for ln in target["failure_output"].splitlines()[-12:]]
     return "\n".join(lines)
