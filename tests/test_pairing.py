@@ -145,3 +145,44 @@ def test_check_refuses_a_mismatched_pair_with_file_line_and_path(tmp_path, big, 
     assert "targets.chat.speculation.draft: the draft" in err
     assert "token 7 differs: target 'tok7', draft 'other'" in err
     assert "Traceback" not in err
+
+
+def write_hf_dir(path, vocab, hidden, layers, dtype="bfloat16", eos="</s>"):
+    """A Hugging Face model directory as vLLM reads it: config, tokenizer, safetensors."""
+    import json
+    import struct
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+        "num_hidden_layers": layers, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "intermediate_size": 4 * hidden, "max_position_embeddings": 4096,
+        "vocab_size": len(vocab), "torch_dtype": dtype}))
+    (path / "tokenizer.json").write_text(json.dumps({
+        "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(vocab)}},
+        "added_tokens": []}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>",
+                                                             "eos_token": eos}))
+    tensors, offset = {}, 0
+    for i in range(layers):
+        n = hidden * 4 * hidden * 2  # bf16 bytes of one up-projection
+        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = {
+            "dtype": "BF16", "shape": [4 * hidden, hidden], "data_offsets": [offset, offset + n]}
+        offset += n
+    header = json.dumps(tensors).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header
+                                             + bytes(offset))
+
+
+def test_hugging_face_directories_are_paired_by_their_tokenizer_files(tmp_path):
+    vocab = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(200)]
+    write_hf_dir(tmp_path / "target", vocab, hidden=256, layers=8)
+    write_hf_dir(tmp_path / "draft", vocab, hidden=64, layers=2)
+    other = list(vocab)
+    other[50] = "zzz"
+    write_hf_dir(tmp_path / "other", other, hidden=64, layers=2)
+    target = modelfacts.read(tmp_path / "target")
+    assert (target.format, target.embedding_length, target.parameters) == ("hf", 256, 8 * 256 * 1024)
+    assert check(tmp_path / "target", tmp_path / "draft") == []
+    (message,) = errors(check(tmp_path / "target", tmp_path / "other"))
+    assert "token 50 differs: target 'w47', draft 'zzz'" in message
