@@ -56,6 +56,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{args.file}: OK, {len(fleet.targets)} target(s)")
     backends = {name: registry.backend_for(t) for name, t in fleet.targets.items()}
     fleet_plan = placement.make_plan(backends, gpus.read(), fleet.daemon.gpu,
+                                     ours=_running_fleet_vram(fleet.daemon.state_dir),
                                      host_available=psutil.virtual_memory().available)
     for target in fleet.targets.values():
         backend = backends[target.name]
@@ -74,6 +75,15 @@ def cmd_check(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return 2
     return 0
+
+
+def _running_fleet_vram(state_dir: str) -> dict[int, int]:
+    """VRAM per GPU held by the targets of a daemon running on this state_dir: `check` on a
+    running system plans as if that fleet were replaced, not added."""
+    status = statusfile.read(Path(state_dir).expanduser())
+    if status is None or not statusfile.daemon_alive(status.get("daemon", {})):
+        return {}
+    return placement.held_vram(t.get("resources") or {} for t in status.get("targets", []))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

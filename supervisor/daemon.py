@@ -26,7 +26,7 @@ from supervisor.events import Event, EventBus, EventLog
 from supervisor.launcher.process import ProcessLauncher
 from supervisor.logs import get_logger
 from supervisor.monitor import HeadroomAlert, ResourceMonitor
-from supervisor.placement import Placer
+from supervisor.placement import Placer, held_vram
 from supervisor.registry import BackendRegistry
 from supervisor.runrecord import RunRecorder
 from supervisor.target import TargetSupervisor
@@ -173,11 +173,7 @@ class Daemon:
                   data={"added": added, "removed": removed, "changed": changed})
         self.fleet = new
         # Plan the new fleet against free memory plus what its own running targets hold.
-        ours: dict[int, int] = {}
-        for sup in self.supervisors.values():
-            for gpu, n in (sup.resources.get("vram_per_gpu") or {}).items():
-                ours[int(gpu)] = ours.get(int(gpu), 0) + n
-        await self._plan(new, ours)
+        await self._plan(new, held_vram(s.resources for s in self.supervisors.values()))
         for name in removed:
             await self.supervisors.pop(name).shutdown("removed from the fleet file")
         for name in changed:

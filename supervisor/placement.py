@@ -12,8 +12,9 @@ once, plainly, and targets start where their runtime puts them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -45,6 +46,15 @@ def devices_from(snapshot: gpus.GpuSnapshot, settings: GpuSettings,
         return [vram.Device(i, "declared", m, m) for i, m in enumerate(settings.memory)], \
             "declared"
     return [], "none"
+
+
+def held_vram(resources: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """VRAM per GPU held by targets, from the monitor's readings of each."""
+    held: dict[int, int] = {}
+    for r in resources:
+        for gpu, n in (r.get("vram_per_gpu") or {}).items():
+            held[int(gpu)] = held.get(int(gpu), 0) + int(n)
+    return held
 
 
 def make_plan(backends: Mapping[str, Backend], snapshot: gpus.GpuSnapshot,
