@@ -23,12 +23,15 @@ from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
+from supervisor.launcher.base import Launcher
 from supervisor.launcher.process import ProcessLauncher
+from supervisor.launcher.systemd import SystemdLauncher
 from supervisor.logs import get_logger
 from supervisor.monitor import HeadroomAlert, ResourceMonitor
 from supervisor.placement import Placer, held_vram
 from supervisor.registry import BackendRegistry
 from supervisor.runrecord import RunRecorder
+from supervisor.systemd.notify import Notifier
 from supervisor.target import TargetSupervisor
 from supervisor.tuner import TuningStore
 
@@ -46,6 +49,9 @@ class Daemon:
         self.state_dir = Path(settings.state_dir).expanduser()
         self.launcher = ProcessLauncher(settings.logs.expanduser(), self.state_dir,
                                         settings.log_max_bytes, settings.log_backups)
+        self.systemd = SystemdLauncher(settings.systemd, self.state_dir)
+        self.notifier = Notifier()
+        self._ready_sent = False
         self.supervisors: dict[str, TargetSupervisor] = {}
         self.tuning_store = TuningStore(self.state_dir / "tuning.json")
         self.placer = Placer(settings.gpu)
@@ -68,6 +74,9 @@ class Daemon:
             if killed := self.launcher.sweep_orphans():
                 self.log.warning("killed processes left by a daemon that died uncleanly",
                                  processes=killed)
+            if self._uses_systemd(self.fleet):
+                await self.systemd.connect()
+                await self._remove_leftover_units(self.fleet)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._signals.put_nowait, sig)
@@ -75,19 +84,28 @@ class Daemon:
             # one of llama-server's few HTTP worker threads.
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
             monitor: asyncio.Task[None] | None = None
+            watchdog: asyncio.Task[None] | None = None
             try:
                 self.emit("daemon", f"specfleet {__version__} started with {self.fleet_path} "
                           f"({len(self.fleet.targets)} targets)")
                 await self._plan(self.fleet)
                 monitor = asyncio.create_task(self.monitor.run(), name="monitor")
+                watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
                 for target in self.fleet.targets.values():
                     self._add(target)
+                # The first reconcile is done: every target is started, adopted or refused.
+                # Models may still be loading; READY=1 does not wait for them (minutes).
+                await asyncio.sleep(0)
+                self._ready_sent = self.notifier.ready(self.summary())
                 await self._main_loop()
             finally:
-                if monitor is not None:
-                    monitor.cancel()
+                self.notifier.stopping()
+                for task in (monitor, watchdog):
+                    if task is not None:
+                        task.cancel()
                 await self._stop_all("daemon stopping")
                 await self.records.close()
+                self.systemd.close()
                 await self._http.close()
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
@@ -127,11 +145,25 @@ class Daemon:
 
     # --- targets ---
 
+    def _launcher_for(self, target: Target) -> Launcher:
+        return self.systemd if target.launcher == "systemd" else self.launcher
+
+    @staticmethod
+    def _uses_systemd(fleet: Fleet) -> bool:
+        return any(t.launcher == "systemd" for t in fleet.targets.values())
+
+    async def _remove_leftover_units(self, fleet: Fleet) -> None:
+        keep = {n for n, t in fleet.targets.items() if t.launcher == "systemd"}
+        for unit in await self.systemd.remove_leftovers(keep):
+            self.emit("daemon", f"stopped and removed {unit}: its target is no longer in the "
+                      "fleet file (or no longer uses launcher: systemd)")
+
     def _add(self, target: Target) -> None:
         assert self._http is not None
-        sup = TargetSupervisor(target, self.registry.backend_for(target), self.launcher,
+        launcher = self._launcher_for(target)
+        sup = TargetSupervisor(target, self.registry.backend_for(target), launcher,
                                self.events, self._http,
-                               log_file=str(self.launcher.log_path(target.name)),
+                               log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
                                records=self.records, launcher_name=target.launcher)
         self.supervisors[target.name] = sup
@@ -147,7 +179,10 @@ class Daemon:
     async def _stop_all(self, reason: str) -> None:
         # Reverse file order: what was listed first (often what others depend on) stops last.
         for sup in reversed(list(self.supervisors.values())):
-            await sup.shutdown(reason)
+            if sup.launcher.detaches and not self.fleet.daemon.stop_targets_on_exit:
+                await sup.detach(f"{reason}; stop_targets_on_exit is false")
+            else:
+                await sup.shutdown(reason)
 
     async def reload(self) -> bool:
         """Apply a changed fleet file; a bad file changes nothing."""
@@ -172,6 +207,8 @@ class Daemon:
                   f"removed, {len(changed)} changed",
                   data={"added": added, "removed": removed, "changed": changed})
         self.fleet = new
+        if self._uses_systemd(new) or self._uses_systemd(self.fleet):
+            await self.systemd.connect()
         # Plan the new fleet against free memory plus what its own running targets hold.
         await self._plan(new, held_vram(s.resources for s in self.supervisors.values()))
         for name in removed:
@@ -181,6 +218,8 @@ class Daemon:
             self._add(new_targets[name])
         for name in added:
             self._add(new_targets[name])
+        if self.systemd.connected:
+            await self._remove_leftover_units(new)
         # Keep file order for status and for the stop order.
         self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
         return True
@@ -216,6 +255,29 @@ class Daemon:
     def _headroom_alert(self, alert: HeadroomAlert) -> None:
         self.emit("gpu", alert.message, data={"gpu": alert.gpu, "low": alert.low})
 
+    # --- systemd: watchdog and status line ---
+
+    async def _watchdog(self) -> None:
+        """WATCHDOG=1 from the event loop itself: a blocked loop stops the pings, and systemd
+        restarts the daemon after WatchdogSec."""
+        fault = os.environ.get("SPECFLEET_FAULT_BLOCK_LOOP_ON_SIGUSR2")
+        if fault:  # fault injection for the watchdog test (docs/systemd.md)
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGUSR2, time.sleep, float(fault))
+        if self.notifier.watchdog_interval is None:
+            return
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(self.notifier.watchdog_interval / 2)
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS= (shown by `systemctl status specfleet`)."""
+        counts: dict[str, int] = {}
+        for sup in self.supervisors.values():
+            counts[sup.state.value] = counts.get(sup.state.value, 0) + 1
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        return f"{len(self.supervisors)} targets" + (f": {states}" if states else "")
+
     # --- events and status ---
 
     def emit(self, kind: str, reason: str, detail: str | None = None,
@@ -241,3 +303,5 @@ class Daemon:
                   "updated": time.time(), "state_dir": str(self.state_dir),
                   "gpus": self.monitor.snapshot.to_dict()}
         statusfile.write(self.state_dir, daemon, [s.status() for s in self.supervisors.values()])
+        if self._ready_sent:
+            self.notifier.status(self.summary())

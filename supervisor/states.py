@@ -14,6 +14,7 @@ class State(enum.StrEnum):
     BACKOFF = "backoff"  # crashed; waiting before the next start
     FAILED = "failed"  # gave up; needs a change or a manual restart
     STOPPING = "stopping"
+    DETACHED = "detached"  # left running when the daemon exited (systemd units); adopted later
 
 
 RUNNING = frozenset({State.LOADING, State.READY, State.DEGRADED})
@@ -21,10 +22,14 @@ RUNNING = frozenset({State.LOADING, State.READY, State.DEGRADED})
 ALLOWED: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset({State.STARTING}),
     State.STARTING: frozenset({State.LOADING, State.BACKOFF, State.FAILED, State.STOPPED}),
-    State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING}),
-    State.READY: frozenset({State.DEGRADED, State.BACKOFF, State.FAILED, State.STOPPING}),
-    State.DEGRADED: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING}),
+    State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
+                              State.DETACHED}),
+    State.READY: frozenset({State.DEGRADED, State.BACKOFF, State.FAILED, State.STOPPING,
+                            State.DETACHED}),
+    State.DEGRADED: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
+                               State.DETACHED}),
     State.BACKOFF: frozenset({State.STARTING, State.FAILED, State.STOPPED}),
     State.FAILED: frozenset({State.STARTING, State.STOPPED}),
     State.STOPPING: frozenset({State.STOPPED, State.STARTING}),
+    State.DETACHED: frozenset(),
 }

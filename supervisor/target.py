@@ -33,7 +33,7 @@ from supervisor.tuner import TuningStore
 
 @dataclass(frozen=True)
 class Command:
-    kind: str  # "start" | "stop" | "restart" | "shutdown"
+    kind: str  # "start" | "stop" | "restart" | "retune" | "shutdown" | "detach"
     reason: str
 
 
@@ -102,6 +102,8 @@ class TargetSupervisor:
         self.warnings: list[str] = []
         self._crash_times: list[float] = []
         self._oom_times: list[float] = []
+        self._may_adopt = launcher.detaches  # only the first start may find a running unit
+        self._detached = False
         self._commands: asyncio.Queue[Command] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._pending_reason = "daemon started"  # the reason the next start will carry
@@ -125,6 +127,14 @@ class TargetSupervisor:
         if self._task is None or self._task.done():
             return
         self.send("shutdown", reason)
+        await self._task
+
+    async def detach(self, reason: str) -> None:
+        """End the owner task and leave the target running (a systemd unit, adopted by the
+        next daemon)."""
+        if self._task is None or self._task.done():
+            return
+        self.send("detach", reason)
         await self._task
 
     def _event(self, kind: str, reason: str, **data: Any) -> None:
@@ -167,7 +177,7 @@ class TargetSupervisor:
             while True:
                 if not want_running:
                     cmd = await self._commands.get()
-                    if cmd.kind == "shutdown":
+                    if cmd.kind in ("shutdown", "detach"):
                         return
                     if cmd.kind == "retune":
                         # Decided just before the server stopped: it applies at the next start.
@@ -178,7 +188,7 @@ class TargetSupervisor:
                     continue
                 outcome = await self._run_once()
                 if isinstance(outcome, Command):
-                    if outcome.kind == "shutdown":
+                    if outcome.kind in ("shutdown", "detach"):
                         return
                     want_running = outcome.kind != "stop"
                     continue
@@ -186,7 +196,8 @@ class TargetSupervisor:
                 if want_running is None:
                     return
         finally:
-            if self.process is not None and self.process.returncode is None:
+            if self.process is not None and self.process.returncode is None \
+                    and not self._detached:
                 self.process.kill()
                 await self.process.wait()
 
@@ -215,7 +226,7 @@ class TargetSupervisor:
             self.restarts += 1
             self._pending_reason = f"restart after {failure.kind.value}"
             return True
-        if cmd.kind == "shutdown":
+        if cmd.kind in ("shutdown", "detach"):
             self._set_state(State.STOPPED, cmd.reason)
             return None
         if cmd.kind == "stop":
@@ -251,7 +262,18 @@ class TargetSupervisor:
                                             speculation=self.tuner.speculation_on,
                                             placement=placement)
             self.runtime = {"binary": info.binary, "version": info.version}
-            proc = await self.launcher.start(self.name, spec)
+            grace = self.target.restart.stop_grace
+            adopted, why = None, ""
+            if self._may_adopt:
+                self._may_adopt = False
+                adopted, why = await self.launcher.adopt(self.name, spec, stop_grace=grace)
+                if why and adopted is None:
+                    self._event("adopt", why)
+            if adopted is not None:
+                self.process, self.started_at, self.failure_output = adopted, time.time(), None
+                self._set_state(State.LOADING, why, pid=adopted.pid, adopted=True)
+                return adopted
+            proc = await self.launcher.start(self.name, spec, stop_grace=grace)
         except StartRefused as exc:
             self.failure_output = None
             return Failure(FailureKind.REFUSED, str(exc), retryable=False)
@@ -301,6 +323,10 @@ class TargetSupervisor:
                 command_task.cancel()
         if command_task in done and not command_task.cancelled():
             cmd = command_task.result()
+            if cmd.kind == "detach":
+                self._detached = True
+                self._set_state(State.DETACHED, f"{cmd.reason}; left running (pid {proc.pid})")
+                return cmd
             if cmd.kind == "retune":
                 self.tuner.apply_pending()
             self._set_state(State.STOPPING, cmd.reason)

@@ -20,6 +20,8 @@ import yaml
 from supervisor import provision
 
 REPO = Path(__file__).resolve().parent.parent
+# The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests.
+pytest_plugins = ["tests.systemd_lab"]
 
 
 @pytest.fixture(scope="session")
@@ -105,16 +107,22 @@ class DaemonProcess:
         self.state_dir = Path(yaml.safe_load(fleet.read_text())["daemon"]["state_dir"])
         self.stderr_path = fleet.parent / "daemon.stderr"
         self._stderr = self.stderr_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "run", str(fleet), "--json-logs"],
+        self.launched = time.time()
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "run", str(self.fleet), "--json-logs"],
             stdout=subprocess.DEVNULL, stderr=self._stderr, stdin=subprocess.DEVNULL,
             cwd=REPO)
 
     def status(self) -> dict[str, Any]:
+        """The status this daemon wrote (not one left by an earlier daemon on the same dir)."""
         try:
-            return json.loads((self.state_dir / "status.json").read_text())
+            status = json.loads((self.state_dir / "status.json").read_text())
         except (OSError, ValueError):
             return {}
+        return status if status.get("daemon", {}).get("started", 0) >= self.launched - 1 else {}
 
     def target(self, name: str) -> dict[str, Any]:
         for t in self.status().get("targets", []):

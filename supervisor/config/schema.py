@@ -24,7 +24,7 @@ NGRAM_VARIANTS = ("mod", "simple", "map-k", "map-k4v", "cache")
 # Methods whose drafts come from a separate file; MTP may use layers inside the target.
 METHODS_NEEDING_DRAFT = ("draft", "eagle3", "dflash")
 METHODS_WITH_DRAFT_FILE = ("draft", "eagle3", "dflash", "mtp")
-LAUNCHERS = ("process",)
+LAUNCHERS = ("process", "systemd")
 
 
 def default_state_dir() -> str:
@@ -129,7 +129,7 @@ class TargetDefaults(_Strict):
     """Keys under `defaults:`; every target inherits them (mappings merge key by key)."""
 
     backend: str | None = None
-    launcher: Literal["process"] | None = None
+    launcher: Literal["process", "systemd"] | None = None
     host: str | None = None
     gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
     speculation: Speculation | None = None
@@ -145,7 +145,7 @@ class TargetDefaults(_Strict):
 class Target(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     backend: str = "llamacpp"
-    launcher: Literal["process"] = "process"
+    launcher: Literal["process", "systemd"] = "process"
     model: str
     speculation: Speculation = Speculation()
     host: str = "127.0.0.1"
@@ -181,6 +181,14 @@ class GpuSettings(_Strict):
     refuse: bool = True  # refuse a target that does not fit (false: warn and start it)
 
 
+class SystemdSettings(_Strict):
+    """`launcher: systemd` (docs/systemd.md)."""
+
+    scope: Literal["system", "user"] = "system"
+    unit_dir: str | None = None  # default /etc/systemd/system, or ~/.config/systemd/user
+    watchdog: Seconds = Field(default=30.0, gt=0)  # WatchdogSec= of the daemon's own unit
+
+
 class Daemon(_Strict):
     state_dir: str = Field(default_factory=default_state_dir)
     log_dir: str | None = None  # default: <state_dir>/logs
@@ -188,6 +196,10 @@ class Daemon(_Strict):
     log_max_bytes: Bytes = 10 * 1024 * 1024
     log_backups: int = Field(default=3, ge=0, le=100)
     gpu: GpuSettings = GpuSettings()
+    systemd: SystemdSettings = SystemdSettings()
+    # SIGTERM of the daemon also stops targets run by systemd (process-launcher targets always
+    # stop with the daemon). Default false: a daemon restart or upgrade must not reload models.
+    stop_targets_on_exit: bool = False
 
     @field_validator("api")
     @classmethod

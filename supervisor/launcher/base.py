@@ -32,7 +32,18 @@ class RunningProcess(Protocol):
 
 
 class Launcher(Protocol):
-    async def start(self, name: str, spec: LaunchSpec) -> RunningProcess: ...
+    name: str
+    detaches: bool  # whether targets it started may outlive the daemon (and be adopted)
+
+    async def start(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> RunningProcess: ...
+
+    async def adopt(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> tuple[RunningProcess | None, str]:
+        """A target still running from a previous daemon, if it runs `spec`; and why."""
+
+    def log_path(self, name: str) -> object:
+        """Where the target's output goes (a file, or how to read the journal)."""
 
     def sweep_orphans(self) -> list[str]:
         """Kill what a previous daemon that died uncleanly left running; say what was killed."""

@@ -177,6 +177,9 @@ class ChildProcess:
 
 
 class ProcessLauncher:
+    name = "process"
+    detaches = False  # children die with the daemon (PR_SET_PDEATHSIG)
+
     def __init__(self, log_dir: Path, state_dir: Path, max_bytes: int = 10 * 1024 * 1024,
                  backups: int = 3) -> None:
         self.log_dir = log_dir
@@ -187,7 +190,12 @@ class ProcessLauncher:
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    async def start(self, name: str, spec: LaunchSpec) -> ChildProcess:
+    async def adopt(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> tuple[ChildProcess | None, str]:
+        return None, ""  # a child never outlives its daemon: nothing to adopt
+
+    async def start(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> ChildProcess:
         for path, content in spec.files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content)

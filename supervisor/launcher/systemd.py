@@ -1,0 +1,268 @@
+"""The systemd launcher: each target is the unit `specfleet-<name>.service`.
+
+specfleet writes the unit file (supervisor/systemd/units.py) into the unit directory,
+reloads the manager when the file changed, and controls the unit over D-Bus: StartUnit
+and StopUnit jobs awaited through JobRemoved, the unit's exit seen through
+PropertiesChanged, KillUnit for a hung runtime. Units outlive the daemon: a daemon that
+starts again adopts a unit that still runs the command it would start, instead of
+starting a second server on the same port. The runtime's output is in the journal
+(`journalctl -u specfleet-<name>`); the tail of the last invocation is read from there
+when the unit ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from supervisor.backend import LaunchSpec
+from supervisor.config.schema import SystemdSettings
+from supervisor.errors import SpecfleetError
+from supervisor.systemd import units
+from supervisor.systemd.manager import SERVICE, UNIT, SystemdError, SystemdManager
+
+_ACTIVE = ("active", "activating", "reloading", "deactivating")
+_CLD_EXITED = 1
+_TAIL = 200
+
+
+def default_unit_dir(user: bool) -> Path:
+    if user:
+        base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        return Path(base) / "systemd" / "user"
+    return Path("/etc/systemd/system")
+
+
+class SystemdUnit:
+    """A running target unit, as a RunningProcess."""
+
+    def __init__(self, launcher: SystemdLauncher, unit: str, path: str, pid: int,
+                 invocation: str) -> None:
+        self._launcher = launcher
+        self.unit = unit
+        self._path = path
+        self._pid = pid
+        self.invocation = invocation
+        self._returncode: int | None = None
+        self._result = ""
+        self._tail = ""
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._finishing: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._unwatch = launcher.manager.watch(path, self._changed)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def _changed(self, props: dict[str, Any]) -> None:
+        if props.get("ActiveState") in ("inactive", "failed") and self._finishing is None:
+            self._finishing = asyncio.create_task(self._finish(), name=f"exit:{self.unit}")
+
+    async def check_alive(self) -> None:
+        """After watching starts: the unit may have ended before (a signal we missed)."""
+        state = (await self._launcher.manager.properties(self._path, UNIT))["ActiveState"]
+        self._changed({"ActiveState": state})
+
+    async def _finish(self) -> None:
+        manager = self._launcher.manager
+        try:
+            svc = await manager.properties(self._path, SERVICE)
+            code, status = int(svc.get("ExecMainCode", 0)), int(svc.get("ExecMainStatus", 0))
+            self._result = str(svc.get("Result", ""))
+            self._returncode = status if code == _CLD_EXITED else -status if code else -1
+        except SystemdError:
+            self._returncode = -1
+        self._tail = await self._launcher.journal_tail(self.invocation)
+        self._unwatch()
+        if not self._exited.done():
+            self._exited.set_result(self._returncode)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    async def stop(self, grace: float) -> int:
+        # systemd does SIGTERM, TimeoutStopSec (the target's stop_grace), SIGKILL, to the
+        # whole control group.
+        if self._returncode is None:
+            with contextlib.suppress(SystemdError):
+                await self._launcher.manager.run_job("StopUnit", self.unit)
+            await self.check_alive()
+        return await self.wait()
+
+    def kill(self) -> None:
+        task = asyncio.create_task(self._launcher.manager.kill(self.unit, "all", signal.SIGKILL))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def output_tail(self, lines: int = 20) -> str:
+        return "\n".join(self._tail.splitlines()[-lines:])
+
+    def oom_killed(self) -> bool:
+        return self._result == "oom-kill"
+
+
+class SystemdLauncher:
+    name = "systemd"
+    detaches = True  # units keep running when the daemon exits
+
+    def __init__(self, settings: SystemdSettings, state_dir: Path) -> None:
+        self.settings = settings
+        self.user = settings.scope == "user"
+        self.unit_dir = Path(settings.unit_dir).expanduser() if settings.unit_dir \
+            else default_unit_dir(self.user)
+        self.env_dir = state_dir / "units-env"
+        self.state_dir = state_dir
+        self._manager: SystemdManager | None = None
+        self._files_lock = asyncio.Lock()  # one writer of unit files and daemon-reloads
+
+    @property
+    def connected(self) -> bool:
+        return self._manager is not None
+
+    @property
+    def manager(self) -> SystemdManager:
+        assert self._manager is not None, "connect() first"
+        return self._manager
+
+    async def connect(self) -> None:
+        if self._manager is None:
+            self._manager = await SystemdManager.connect(self.user)
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None
+
+    def log_path(self, name: str) -> str:
+        return f"journalctl {'--user ' if self.user else ''}-u {units.unit_name(name)}"
+
+    # --- unit files ---
+
+    def render(self, name: str, spec: LaunchSpec, stop_grace: float) -> tuple[str, str | None]:
+        """(unit text, secrets file text or None) for a target."""
+        env_file = str(self.env_dir / f"{name}.env") if spec.secret_env else None
+        text = units.render_target(name, spec, description=spec.argv[0].rsplit("/", 1)[-1],
+                                   stop_grace=stop_grace, working_directory=str(self.state_dir),
+                                   env_file=env_file)
+        return text, units.render_env_file(spec) if spec.secret_env else None
+
+    async def _install(self, name: str, spec: LaunchSpec, stop_grace: float) -> None:
+        text, secrets = self.render(name, spec, stop_grace)
+        async with self._files_lock:
+            changed = _write_if_changed(self.unit_dir / units.unit_name(name), text, 0o644)
+            if secrets is not None:
+                self.env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                _write_if_changed(self.env_dir / f"{name}.env", secrets, 0o600)
+            if changed:
+                await self.manager.reload()
+
+    def _matches(self, name: str, spec: LaunchSpec, stop_grace: float) -> bool:
+        text, secrets = self.render(name, spec, stop_grace)
+        try:
+            if (self.unit_dir / units.unit_name(name)).read_text() != text:
+                return False
+            return secrets is None or (self.env_dir / f"{name}.env").read_text() == secrets
+        except OSError:
+            return False
+
+    # --- the Launcher interface ---
+
+    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0) -> SystemdUnit:
+        await self.connect()
+        unit = units.unit_name(name)
+        await self._install(name, spec, stop_grace)
+        await self.manager.reset_failed(unit)
+        result = await self.manager.run_job("StartUnit", unit)
+        if result != "done":
+            tail = await self.journal_tail(None, unit)
+            raise SpecfleetError(f"systemd could not start {unit} (job {result})"
+                                 + (f":\n{tail}" if tail else ""))
+        return await self._attach(unit)
+
+    async def _attach(self, unit: str) -> SystemdUnit:
+        path = await self.manager.unit_path(unit)
+        svc = await self.manager.properties(path, SERVICE)
+        unit_props = await self.manager.properties(path, UNIT)
+        invocation = bytes(unit_props.get("InvocationID") or b"").hex()
+        proc = SystemdUnit(self, unit, path, int(svc.get("MainPID", 0)), invocation)
+        await proc.check_alive()
+        return proc
+
+    async def adopt(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> tuple[SystemdUnit | None, str]:
+        """The target's unit if it still runs the command specfleet would start now."""
+        await self.connect()
+        unit = units.unit_name(name)
+        states = {n: state for n, state, _ in await self.manager.list_units([unit])}
+        if states.get(unit) not in _ACTIVE:
+            return None, ""
+        if not self._matches(name, spec, stop_grace):
+            await self.manager.run_job("StopUnit", unit)
+            return None, (f"{unit} was running another command (the fleet file or a tuning "
+                          "decision changed while specfleet was down): restarted with this one")
+        proc = await self._attach(unit)
+        return proc, f"adopted {unit}, still running (pid {proc.pid})"
+
+    async def remove_leftovers(self, keep: set[str]) -> list[str]:
+        """Stop and delete target units whose target is no longer in the fleet file."""
+        await self.connect()
+        names = {n for n, _, _ in await self.manager.list_units([f"{units.UNIT_PREFIX}*.service"])}
+        names |= {p.name for p in self.unit_dir.glob(f"{units.UNIT_PREFIX}*.service")}
+        removed = []
+        for unit in sorted(names):
+            target = units.target_of(unit)
+            if target is None or target in keep:
+                continue
+            with contextlib.suppress(SystemdError):
+                await self.manager.run_job("StopUnit", unit)
+            for path in (self.unit_dir / unit, self.env_dir / f"{target}.env"):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            removed.append(unit)
+        if removed:
+            await self.manager.reload()
+        return removed
+
+    async def journal_tail(self, invocation: str | None, unit: str | None = None) -> str:
+        """The last lines a unit invocation wrote, from the journal (which may lag a little
+        behind the unit's exit: retried briefly)."""
+        match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else ["-u", unit or ""]
+        for _ in range(10):
+            proc = await asyncio.create_subprocess_exec(
+                "journalctl", *(["--user"] if self.user else []), *match, "-o", "cat",
+                "-n", str(_TAIL), "--no-pager", stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL)
+            out, _ = await proc.communicate()
+            text = out.decode(errors="replace").strip()
+            if text and text != "-- No entries --":
+                return text
+            await asyncio.sleep(0.1)
+        return ""
+
+    def sweep_orphans(self) -> list[str]:
+        return []  # units are not orphans: they are adopted or removed (remove_leftovers)
+
+
+def _write_if_changed(path: Path, text: str, mode: int) -> bool:
+    try:
+        if path.read_text() == text:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True

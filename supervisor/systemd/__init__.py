@@ -1,0 +1,1 @@
+"""systemd integration: unit files, D-Bus control and sd_notify."""

@@ -1,0 +1,205 @@
+"""launcher: systemd against a real systemd manager (tests/systemd_lab.py) and the real
+llama-server: units visible to systemctl, restarts counted once, adoption after kill -9
+of the daemon, leftover units removed, exit semantics, the journal, the watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from supervisor.systemd import units
+from tests.conftest import REPO, llama_target, runtime_pids, wait_for, write_fleet
+from tests.systemd_lab import wait_unit
+
+SYSTEMD_RESTART = {"backoff_initial": "0.2s", "backoff_max": "2s", "stop_grace": "5s"}
+
+
+def systemd_target(model, binary, **over):
+    return llama_target(model, binary, launcher="systemd", restart=dict(SYSTEMD_RESTART), **over)
+
+
+def fleet_of(tmp_path, targets, **daemon):
+    return write_fleet(tmp_path, targets, **daemon)
+
+
+def test_rendered_units_pass_systemd_analyze_verify(tmp_path, model, llama_server_bin):
+    os.environ["SF_TEST_KEY"] = "s3cret-value"
+    fleet = fleet_of(tmp_path, {
+        "plain": systemd_target(model, llama_server_bin),
+        "ngram": systemd_target(model, llama_server_bin, speculation={"method": "ngram"},
+                                api_key={"env": "SF_TEST_KEY"}),
+        "child": llama_target(model, llama_server_bin)})
+    out = tmp_path / "units"
+    done = subprocess.run([sys.executable, "-m", "supervisor", "units", "render", str(fleet),
+                           "--dir", str(out)], capture_output=True, text=True, cwd=REPO,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["specfleet-child.service", "specfleet-ngram.service",
+                     "specfleet-plain.service", "specfleet.service"]
+    verify = subprocess.run(["systemd-analyze", "verify", *map(str, out.iterdir())],
+                            capture_output=True, text=True, check=False)
+    assert verify.returncode == 0 and verify.stderr.strip() == "", verify.stderr
+    daemon_unit = (out / "specfleet.service").read_text()
+    assert "Type=notify" in daemon_unit and "WatchdogSec=30s" in daemon_unit
+    ngram = (out / "specfleet-ngram.service").read_text()
+    assert "s3cret-value" not in ngram  # the key lives in a 0600 file, never the unit
+    assert f"EnvironmentFile={tmp_path}/state/units-env/ngram.env" in ngram
+    assert "Restart=no" in ngram and "KillMode=control-group" in ngram
+    assert "TimeoutStopSec=5s" in ngram
+
+
+def test_quickstart_fleet_on_systemd_reaches_ready_and_systemctl_sees_the_units(
+        tmp_path, model, llama_server_bin, lab, lab_daemon):
+    fleet = fleet_of(tmp_path, {
+        "gemma-plain": systemd_target(model, llama_server_bin),
+        "gemma-ngram": systemd_target(model, llama_server_bin, speculation={"method": "ngram"})})
+    daemon = lab_daemon(fleet)
+    for name in ("gemma-plain", "gemma-ngram"):
+        ready = daemon.wait_state(name, "ready")
+        unit = units.unit_name(name)
+        shown = lab.run("systemctl", "status", unit, "--no-pager")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert "active (running)" in shown.stdout
+        assert lab.show(unit, "MainPID") == str(ready["pid"])
+        assert ready["log_file"] == f"journalctl -u {unit}"
+    journal = lab.run("journalctl", "-u", "specfleet-gemma-ngram.service", "-o", "cat",
+                      "--no-pager")
+    assert "llama_server: model loaded" in journal.stdout  # the runtime's own output
+
+
+def test_kill_9_of_a_targets_main_process_is_restarted_by_specfleet_once(
+        tmp_path, model, llama_server_bin, lab, lab_daemon):
+    daemon = lab_daemon(fleet_of(tmp_path, {"chat": systemd_target(model, llama_server_bin)}))
+    pid = daemon.wait_state("chat", "ready")["pid"]
+    assert lab.run("kill", "-9", str(pid)).returncode == 0
+    again = wait_for(lambda: (t := daemon.target("chat")).get("state") == "ready"
+                     and t["pid"] != pid and t, 60, "the restart")
+    assert again["restarts"] == 1
+    assert lab.show("specfleet-chat.service", "NRestarts") == "0"  # systemd did not restart it
+    assert [(o, n) for o, n in daemon.transitions("chat") if n == "backoff"] == [("ready", "backoff")]
+    assert lab.show("specfleet-chat.service", "MainPID") == str(again["pid"])
+
+
+def test_a_new_daemon_adopts_running_units_after_kill_9_and_removes_units_of_removed_targets(
+        tmp_path, model, llama_server_bin, lab, lab_daemon):
+    targets = {"keep": systemd_target(model, llama_server_bin),
+               "drop": systemd_target(model, llama_server_bin)}
+    fleet = fleet_of(tmp_path, targets)
+    first = lab_daemon(fleet)
+    pid = first.wait_state("keep", "ready")["pid"]
+    first.wait_state("drop", "ready")
+    os.kill(first.host_pid(), signal.SIGKILL)
+    first.proc.wait(10)
+    wait_unit(lab, "specfleet-keep.service", "active")  # kill -9 of the daemon: units go on
+    servers = set(runtime_pids(str(tmp_path)))
+    assert len(servers) == 2
+
+    del targets["drop"]
+    fleet.write_text(yaml.safe_dump({**yaml.safe_load(fleet.read_text()), "targets": targets},
+                                    sort_keys=False))
+    second = lab_daemon(fleet)
+    adopted = second.wait_state("keep", "ready")
+    assert adopted["pid"] == pid  # the same MainPID: adopted, not started again
+    assert adopted["restarts"] == 0
+    reasons = [e["reason"] for e in second.events("keep") if e["kind"] == "state"]
+    assert any("adopted specfleet-keep.service, still running" in r for r in reasons)
+    wait_for(lambda: lab.show("specfleet-drop.service", "ActiveState") in ("inactive", ""), 30,
+             "the removed target's unit to stop")
+    assert lab.run("test", "-e", "/etc/systemd/system/specfleet-drop.service").returncode != 0
+    # No second llama-server was started for "keep", and the one of "drop" is gone.
+    wait_for(lambda: len(runtime_pids(str(tmp_path))) == 1, 30, "one server left")
+    journal = lab.run("journalctl", "-u", "specfleet-keep.service", "-o", "cat", "--no-pager")
+    assert "couldn't bind" not in journal.stdout
+
+
+def test_sigterm_leaves_units_running_unless_stop_targets_on_exit(
+        tmp_path, model, llama_server_bin, lab, lab_daemon):
+    fleet = fleet_of(tmp_path, {"chat": systemd_target(model, llama_server_bin)})
+    daemon = lab_daemon(fleet)
+    daemon.wait_state("chat", "ready")
+    assert daemon.stop() == 0
+    assert daemon.target("chat")["state"] == "detached"
+    assert lab.show("specfleet-chat.service", "ActiveState") == "active"
+
+    doc = yaml.safe_load(fleet.read_text())
+    doc["daemon"]["stop_targets_on_exit"] = True
+    fleet.write_text(yaml.safe_dump(doc, sort_keys=False))
+    second = lab_daemon(fleet)
+    second.wait_state("chat", "ready")
+    assert second.stop() == 0
+    assert second.target("chat")["state"] == "stopped"
+    assert lab.show("specfleet-chat.service", "ActiveState") in ("inactive", "failed")
+    assert runtime_pids(str(tmp_path)) == []
+
+
+def test_a_failed_target_shows_its_last_journal_lines(tmp_path, model, llama_server_bin, lab,
+                                                       lab_daemon):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF this is not a model" * 100)
+    daemon = lab_daemon(fleet_of(tmp_path, {"broken": systemd_target(str(bad), llama_server_bin)}))
+    failed = daemon.wait_state("broken", "failed", 60)
+    assert "exiting due to model loading error" in failed["failure_output"]
+    shown = subprocess.run([sys.executable, "-m", "supervisor", "status", "--state-dir",
+                            str(daemon.state_dir)], capture_output=True, text=True, cwd=REPO,
+                           check=False)
+    assert "last output of the runtime (journalctl -u specfleet-broken.service)" in shown.stdout
+    assert "exiting due to model loading error" in shown.stdout
+
+
+def test_units_install_writes_the_units_and_the_secret_file_0600_and_reloads(
+        tmp_path, model, llama_server_bin, lab):
+    fleet = fleet_of(tmp_path, {"chat": systemd_target(model, llama_server_bin,
+                                                       api_key={"env": "SF_KEY"})})
+    done = lab.run("env", "SF_KEY=k3y", sys.executable, "-m", "supervisor", "units", "install",
+                   str(fleet))
+    assert done.returncode == 0, done.stderr
+    env_file = tmp_path / "state" / "units-env" / "chat.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600 and "k3y" in env_file.read_text()
+    assert lab.show("specfleet.service", "LoadState") == "loaded"
+    assert lab.show("specfleet-chat.service", "LoadState") == "loaded"
+    assert "k3y" not in lab.run("systemctl", "cat", "specfleet-chat.service").stdout
+
+
+def test_the_watchdog_restarts_a_daemon_whose_event_loop_is_blocked(tmp_path, lab):
+    fleet = fleet_of(tmp_path, {})
+    unit = units.render_daemon(fleet, watchdog=2, environment={
+        "SPECFLEET_FAULT_BLOCK_LOOP_ON_SIGUSR2": "60", "PYTHONPATH": str(REPO)})
+    assert lab.run("sh", "-c", "cat > /etc/systemd/system/specfleet.service && "
+                   "systemctl daemon-reload", input=unit).returncode == 0
+    # Type=notify: `systemctl start` returns once the daemon sent READY=1.
+    started = lab.run("systemctl", "start", "specfleet.service")
+    assert started.returncode == 0, started.stderr + lab.run(
+        "journalctl", "-u", "specfleet", "--no-pager").stdout
+    first = lab.show("specfleet.service", "MainPID")
+    assert lab.show("specfleet.service", "StatusText") == "0 targets"
+    status = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert str(status["daemon"]["pid"]) == first  # the unit's main process is the daemon
+    assert lab.run("systemctl", "kill", "-s", "SIGUSR2", "--kill-whom=main",
+                   "specfleet.service").returncode == 0
+    wait_for(lambda: lab.show("specfleet.service", "NRestarts") == "1"
+             and lab.show("specfleet.service", "ActiveState") == "active", 30,
+             "systemd to restart the daemon")
+    assert lab.show("specfleet.service", "MainPID") != first
+    journal = lab.run("journalctl", "-u", "specfleet.service", "--no-pager").stdout
+    assert "Watchdog timeout" in journal
+
+
+def test_the_shipped_daemon_unit_template_passes_systemd_analyze_verify(tmp_path):
+    template = (REPO / "systemd" / "specfleet.service").read_text()
+    assert "Type=notify" in template and "WatchdogSec=" in template
+    # verify checks that ExecStart's program exists: point it at this checkout's specfleet.
+    here = template.replace("/opt/specfleet/.venv/bin/specfleet",
+                            str(Path(sys.executable).parent / "specfleet"))
+    unit = tmp_path / "specfleet.service"
+    unit.write_text(here)
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                            text=True, check=False)
+    assert verify.returncode == 0 and verify.stderr.strip() == "", verify.stderr
