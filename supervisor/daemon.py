@@ -31,6 +31,7 @@ from supervisor.monitor import HeadroomAlert, ResourceMonitor
 from supervisor.placement import Placer, held_vram
 from supervisor.registry import BackendRegistry
 from supervisor.runrecord import RunRecorder
+from supervisor.systemd import units
 from supervisor.systemd.notify import Notifier
 from supervisor.target import TargetSupervisor
 from supervisor.tuner import TuningStore
@@ -148,9 +149,11 @@ class Daemon:
     def _launcher_for(self, target: Target) -> Launcher:
         return self.systemd if target.launcher == "systemd" else self.launcher
 
-    @staticmethod
-    def _uses_systemd(fleet: Fleet) -> bool:
-        return any(t.launcher == "systemd" for t in fleet.targets.values())
+    def _uses_systemd(self, fleet: Fleet) -> bool:
+        """Targets on systemd, or target units left from an earlier fleet file (which must be
+        stopped, or a target moved back to the process launcher would meet its own port)."""
+        return any(t.launcher == "systemd" for t in fleet.targets.values()) or any(
+            self.systemd.unit_dir.glob(f"{units.UNIT_PREFIX}*.service"))
 
     async def _remove_leftover_units(self, fleet: Fleet) -> None:
         keep = {n for n, t in fleet.targets.items() if t.launcher == "systemd"}
