@@ -68,6 +68,22 @@ def llama_target(model: str, binary: str, **over: Any) -> dict[str, Any]:
     return target
 
 
+def quickstart_fleet(tmp_path: Path, model: str, binary: str, **defaults: Any) -> Path:
+    """examples/quickstart.yaml as shipped, on this test's ports, model and state dir
+    (and `defaults` added to its defaults, e.g. launcher="systemd")."""
+    doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    doc["daemon"] = {"state_dir": str(tmp_path / "state"), "api": f"127.0.0.1:{free_port()}"}
+    doc.setdefault("defaults", {}).update(
+        {"binary": binary, "health": dict(FAST_HEALTH), "restart": dict(FAST_RESTART),
+         **defaults})
+    for target in doc["targets"].values():
+        target["model"] = model
+        target["port"] = free_port()
+    path = tmp_path / "quickstart.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def write_fleet(directory: Path, targets: dict[str, Any], name: str = "fleet.yaml",
                 **daemon: Any) -> Path:
     doc = {"version": 1,

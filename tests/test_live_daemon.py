@@ -10,18 +10,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import psutil
 import pytest
 import yaml
 
 from tests.conftest import (
-    FAST_HEALTH,
-    FAST_RESTART,
     REPO,
-    free_port,
     llama_target,
+    quickstart_fleet,
     runtime_pids,
     wait_for,
     write_fleet,
@@ -45,20 +42,6 @@ def post_json(url: str, body: dict) -> dict:
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.loads(resp.read())
-
-
-def quickstart_fleet(tmp_path: Path, model: str, binary: str) -> Path:
-    """examples/quickstart.yaml as shipped, on this test's ports, model and state dir."""
-    doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    doc["daemon"] = {"state_dir": str(tmp_path / "state"), "api": f"127.0.0.1:{free_port()}"}
-    doc.setdefault("defaults", {}).update(
-        {"binary": binary, "health": dict(FAST_HEALTH), "restart": dict(FAST_RESTART)})
-    for target in doc["targets"].values():
-        target["model"] = model
-        target["port"] = free_port()
-    path = tmp_path / "quickstart.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def test_quickstart_fleet_reaches_ready_and_the_ngram_target_counts_drafts(

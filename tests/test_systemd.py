@@ -15,7 +15,14 @@ from pathlib import Path
 import yaml
 
 from supervisor.systemd import units
-from tests.conftest import REPO, llama_target, runtime_pids, wait_for, write_fleet
+from tests.conftest import (
+    REPO,
+    llama_target,
+    quickstart_fleet,
+    runtime_pids,
+    wait_for,
+    write_fleet,
+)
 from tests.systemd_lab import wait_unit
 
 SYSTEMD_RESTART = {"backoff_initial": "0.2s", "backoff_max": "2s", "stop_grace": "5s"}
@@ -58,10 +65,7 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path, model, llama_serve
 
 def test_quickstart_fleet_on_systemd_reaches_ready_and_systemctl_sees_the_units(
         tmp_path, model, llama_server_bin, lab, lab_daemon):
-    fleet = fleet_of(tmp_path, {
-        "gemma-plain": systemd_target(model, llama_server_bin),
-        "gemma-ngram": systemd_target(model, llama_server_bin, speculation={"method": "ngram"})})
-    daemon = lab_daemon(fleet)
+    daemon = lab_daemon(quickstart_fleet(tmp_path, model, llama_server_bin, launcher="systemd"))
     for name in ("gemma-plain", "gemma-ngram"):
         ready = daemon.wait_state(name, "ready")
         unit = units.unit_name(name)
