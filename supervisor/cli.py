@@ -225,14 +225,17 @@ def cmd_units(args: argparse.Namespace) -> int:
             print(f"(not written: {name}, the secrets file; `units install` and the daemon "
                   f"write it to {launcher.env_dir} with mode 0600)")
         return 0
-    unit_dir = launcher.unit_dir
-    unit_dir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        path = (launcher.env_dir if name in secrets else unit_dir) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if name in secrets else 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        path = (launcher.env_dir if name in secrets else launcher.unit_dir) / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                         0o600 if name in secrets else 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            raise SpecfleetError(f"cannot write {path}: {exc.strerror} (system units need root; "
+                                 "--user writes user units)") from exc
         print(path)
 
     async def reload() -> None:
