@@ -159,6 +159,15 @@ class LlamaCppBackend(Backend):
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
         problems = []
+        if target.speculation.method in ("eagle", "suffix"):
+            problems.append(Problem(("speculation", "method"), {
+                "eagle": "llama.cpp has no EAGLE-1/2 drafting; use eagle3 with an EAGLE-3 head",
+                "suffix": "suffix decoding is vLLM's; llama.cpp's context drafting is "
+                          "method: ngram"}[target.speculation.method]))
+        if target.options:
+            problems.append(Problem(("options",), "the llamacpp backend takes no options "
+                                    f"(got {', '.join(sorted(target.options))}); pass runtime "
+                                    "flags in args:"))
         model = Path(target.model).expanduser()
         if not model.is_file():
             problems.append(Problem(("model",), f"model file {str(model)!r} does not exist"

@@ -168,7 +168,9 @@ class Backend:
 
     async def preflight(self) -> RuntimeInfo:
         """Checks that need the runtime itself (its version, its flags); raise SpecfleetError."""
-        return RuntimeInfo(self.resolve_binary())
+        if self.target.binary or self.default_binary:
+            return RuntimeInfo(self.resolve_binary())
+        return RuntimeInfo(self.launch_spec().argv[0])  # a backend whose command is configured
 
     def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
                     placement: Assignment | None = None) -> LaunchSpec:

@@ -35,8 +35,8 @@ CASES: list[tuple[str, str | bytes, int, str | None, list[str]]] = [
     ("misspelled speculation key",
      "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      method: ngram\n"
      "      lenght: {{start: 4}}\n", 9, "targets.a.speculation.lenght", ["did you mean 'length'"]),
-    ("bad method", "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation: {{method: eagle}}\n",
-     7, "targets.a.speculation.method", ["'eagle'", "eagle3", "ngram"]),
+    ("bad method", "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation: {{method: medusa}}\n",
+     7, "targets.a.speculation.method", ["'medusa'", "eagle3", "suffix"]),
     ("bad ngram variant",
      "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation: {{method: ngram, variant: mods}}\n",
      7, "targets.a.speculation.variant", ["'mods'", "did you mean 'mod'", "map-k4v"]),

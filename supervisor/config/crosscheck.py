@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from supervisor.config.schema import METHODS_NEEDING_DRAFT, METHODS_WITH_DRAFT_FILE, Fleet, Target
+from supervisor.config.schema import (
+    METHODS_NEEDING_DRAFT,
+    METHODS_WITH_DRAFT_FILE,
+    METHODS_WITHOUT_MODEL,
+    Fleet,
+    Target,
+)
 from supervisor.config.yamlsource import Problem
 
 _WILDCARDS = {"0.0.0.0", "::", "", "*"}
@@ -22,9 +28,10 @@ def check_speculation(target: Target) -> list[Problem]:
     if spec.method in METHODS_NEEDING_DRAFT and not spec.draft:
         problems.append(Problem((*base, "method"),
             f"method {spec.method} needs a draft file; add draft: /path/to/draft.gguf"))
-    if spec.method == "ngram" and spec.draft:
+    if spec.method in METHODS_WITHOUT_MODEL and spec.draft:
         problems.append(Problem((*base, "draft"),
-            "n-gram speculation drafts from the context and takes no draft file; remove draft"))
+            f"{spec.method} speculation drafts from the context and takes no draft file; "
+            "remove draft"))
     if spec.variant is not None and spec.method != "ngram":
         problems.append(Problem((*base, "variant"),
             f"variant applies to method ngram only (method is {spec.method}); remove variant"))

@@ -19,11 +19,14 @@ Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0, le=1)]
 Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 
-METHODS = ("none", "draft", "eagle3", "mtp", "dflash", "ngram")
+# eagle (EAGLE-1/2) and suffix (suffix decoding) exist in vLLM only; backends refuse what
+# their runtime lacks, in `specfleet check`.
+METHODS = ("none", "draft", "eagle", "eagle3", "mtp", "dflash", "ngram", "suffix")
 NGRAM_VARIANTS = ("mod", "simple", "map-k", "map-k4v", "cache")
 # Methods whose drafts come from a separate file; MTP may use layers inside the target.
-METHODS_NEEDING_DRAFT = ("draft", "eagle3", "dflash")
-METHODS_WITH_DRAFT_FILE = ("draft", "eagle3", "dflash", "mtp")
+METHODS_NEEDING_DRAFT = ("draft", "eagle", "eagle3", "dflash")
+METHODS_WITH_DRAFT_FILE = ("draft", "eagle", "eagle3", "dflash", "mtp")
+METHODS_WITHOUT_MODEL = ("ngram", "suffix")  # draft from the context
 LAUNCHERS = ("process", "systemd")
 
 
@@ -73,7 +76,7 @@ class Length(_Strict):
 
 
 class Speculation(_Strict):
-    method: Literal["none", "draft", "eagle3", "mtp", "dflash", "ngram"] = "none"
+    method: Literal["none", "draft", "eagle", "eagle3", "mtp", "dflash", "ngram", "suffix"] = "none"
     variant: Literal["mod", "simple", "map-k", "map-k4v", "cache"] | None = None
     draft: str | None = None
     length: Length = Length()
@@ -140,6 +143,7 @@ class TargetDefaults(_Strict):
     restart: Restart | None = None
     health: Health | None = None
     tuning: Tuning | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class Target(_Strict):
@@ -158,6 +162,9 @@ class Target(_Strict):
     restart: Restart = Restart()
     health: Health = Health()
     tuning: Tuning = Tuning()
+    # Backend-specific settings, checked by the backend (e.g. vLLM's prompt_lookup_min,
+    # Ollama's models_dir); see each backend in README.md.
+    options: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def probe_host(self) -> str:
