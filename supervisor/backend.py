@@ -166,6 +166,14 @@ class Backend:
                 f"'{self.target.name}'")
         return found
 
+    def command_binary(self) -> str:
+        """The executable for a command line: resolved, or its bare name when it is not
+        installed here (`check` on another machine than the GPU host; `preflight` refuses)."""
+        try:
+            return self.resolve_binary()
+        except SpecfleetError:
+            return self.target.binary or self.default_binary
+
     async def preflight(self) -> RuntimeInfo:
         """Checks that need the runtime itself (its version, its flags); raise SpecfleetError."""
         if self.target.binary or self.default_binary:
@@ -242,12 +250,20 @@ class Backend:
         """Recognise the runtime's own failure messages; None if nothing is recognised."""
         return None
 
+    def on_output(self, line: str) -> None:
+        """Each line the runtime writes (process launcher), for backends whose runtime reports
+        metrics only in its log (Ollama)."""
+
     async def generate(self, http: aiohttp.ClientSession, prompt: str, max_tokens: int,
                        sampling: Mapping[str, object]) -> Generation:
         """One completion for `specfleet bench`: the OpenAI-compatible /v1/completions, timed
         by the wall clock; backends whose runtime reports its own timings override this."""
-        body = {"model": self.target.model, "prompt": prompt, "max_tokens": max_tokens,
-                **sampling}
+        return await self._openai_completion(http, self.target.model, prompt, max_tokens,
+                                             sampling)
+
+    async def _openai_completion(self, http: aiohttp.ClientSession, model: str, prompt: str,
+                                 max_tokens: int, sampling: Mapping[str, object]) -> Generation:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **sampling}
         started = time.perf_counter()
         async with http.post(f"{self.target.base_url}/v1/completions", json=body,
                              headers=self.auth_headers()) as resp:
@@ -257,3 +273,7 @@ class Backend:
         return Generation(data["choices"][0]["text"], int(data["usage"]["completion_tokens"]),
                           seconds)
 
+    def describe_launch(self, spec: LaunchSpec) -> list[str]:
+        """Lines `specfleet check` prints under the command: files the launch writes."""
+        return [f"file {path}:\n" + "\n".join("    " + ln for ln in text.splitlines())
+                for path, text in spec.files.items()]

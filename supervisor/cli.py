@@ -66,11 +66,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         backend = backends[target.name]
         spec = backend.launch_spec(placement=placement.assignment_in(fleet_plan, target.name))
         method = target.speculation.method
-        if method == "ngram":
-            method += f" ({target.speculation.variant or 'default variant'})"
+        if target.speculation.variant:
+            method += f" ({target.speculation.variant})"
         print(f"\n[{target.name}] backend {target.backend}, {target.base_url}, speculation "
               f"{method}, launcher {target.launcher}")
         print(f"  {spec.shell_line()}")
+        for extra in backend.describe_launch(spec):
+            print("  " + extra.replace("\n", "\n  "))
     print("\n" + placement.render(fleet_plan))
     refused = fleet_plan.plan.refused if fleet_plan.plan is not None else {}
     if refused and fleet.daemon.gpu.refuse:

@@ -273,7 +273,8 @@ class TargetSupervisor:
                 self.process, self.started_at, self.failure_output = adopted, time.time(), None
                 self._set_state(State.LOADING, why, pid=adopted.pid, adopted=True)
                 return adopted
-            proc = await self.launcher.start(self.name, spec, stop_grace=grace)
+            proc = await self.launcher.start(self.name, spec, stop_grace=grace,
+                                             on_line=self.backend.on_output)
         except StartRefused as exc:
             self.failure_output = None
             return Failure(FailureKind.REFUSED, str(exc), retryable=False)

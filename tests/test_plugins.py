@@ -51,7 +51,7 @@ def test_without_entry_points_no_backend_is_found_and_the_error_says_so():
 
 def test_a_third_party_plugin_adds_a_backend_beside_the_built_ins():
     registry = build_registry([EchoPlugin()])
-    assert registry.names() == ["echo", "llamacpp"]
+    assert registry.names() == ["echo", "llamacpp", "ollama", "vllm"]
     target = Target(name="e", backend="echo", model="m", port=9000)
     assert isinstance(registry.backend_for(target), EchoBackend)
     assert registry.check_target(target) == []

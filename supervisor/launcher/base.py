@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from supervisor.backend import LaunchSpec
@@ -35,8 +36,9 @@ class Launcher(Protocol):
     name: str
     detaches: bool  # whether targets it started may outlive the daemon (and be adopted)
 
-    async def start(self, name: str, spec: LaunchSpec, *,
-                    stop_grace: float = 15.0) -> RunningProcess: ...
+    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
+                    on_line: Callable[[str], None] | None = None) -> RunningProcess:
+        """Start the target; `on_line` gets each output line where the launcher sees them."""
 
     async def adopt(self, name: str, spec: LaunchSpec, *,
                     stop_grace: float = 15.0) -> tuple[RunningProcess | None, str]:

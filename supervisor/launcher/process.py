@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 from collections import deque
+from collections.abc import Callable
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
@@ -107,8 +108,10 @@ class ChildRegistry:
 
 class ChildProcess:
     def __init__(self, proc: asyncio.subprocess.Process, log: OutputLog,
-                 registry: ChildRegistry, name: str) -> None:
+                 registry: ChildRegistry, name: str,
+                 on_line: Callable[[str], None] | None = None) -> None:
         self._proc = proc
+        self._on_line = on_line
         self._log = log
         self._registry = registry
         self._name = name
@@ -130,7 +133,10 @@ class ChildProcess:
     async def _pump(self) -> None:
         assert self._proc.stdout is not None
         while line := await self._proc.stdout.readline():
-            self._log.write(line.decode(errors="replace").rstrip("\n"))
+            text = line.decode(errors="replace").rstrip("\n")
+            self._log.write(text)
+            if self._on_line is not None:
+                self._on_line(text)
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
@@ -194,8 +200,8 @@ class ProcessLauncher:
                     stop_grace: float = 15.0) -> tuple[ChildProcess | None, str]:
         return None, ""  # a child never outlives its daemon: nothing to adopt
 
-    async def start(self, name: str, spec: LaunchSpec, *,
-                    stop_grace: float = 15.0) -> ChildProcess:
+    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
+                    on_line: Callable[[str], None] | None = None) -> ChildProcess:
         for path, content in spec.files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content)
@@ -217,7 +223,7 @@ class ProcessLauncher:
             log.close()
             raise
         self.children.add(name, proc.pid)
-        return ChildProcess(proc, log, self.children, name)
+        return ChildProcess(proc, log, self.children, name, on_line)
 
     def sweep_orphans(self) -> list[str]:
         return self.children.sweep()

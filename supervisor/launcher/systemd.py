@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,9 +177,13 @@ class SystemdLauncher:
 
     # --- the Launcher interface ---
 
-    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0) -> SystemdUnit:
+    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
+                    on_line: Callable[[str], None] | None = None) -> SystemdUnit:
+        """`on_line` is not fed: the output goes to the journal, not through specfleet."""
         await self.connect()
         unit = units.unit_name(name)
+        for path, content in spec.files.items():
+            _write_if_changed(Path(path), content, 0o644)
         await self._install(name, spec, stop_grace)
         await self.manager.reset_failed(unit)
         result = await self.manager.run_job("StartUnit", unit)

@@ -1,0 +1,273 @@
+"""vLLM (`vllm serve`) backend.
+
+Flags, endpoints and metric names as recorded in ../shared/RUNTIMES.md (vLLM 0.33):
+speculation is one `--speculative-config` JSON; `num_speculative_tokens` cannot change at
+run time, so a retune is a restart; `/health` refuses connections while loading, then
+answers 200 (503: the engine died); `/metrics` carries `vllm:spec_decode_*` counters per
+engine (summed here). vLLM cannot run on these machines (no CUDA): this backend was
+tested against those recorded formats only (README, runtime table).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from plugins.llamacpp import dense_positions
+from supervisor import modelfacts, oom, promtext, vram
+from supervisor.backend import (
+    Backend,
+    Failure,
+    FailureKind,
+    Generation,
+    LaunchSpec,
+    MetricsSample,
+    Probe,
+    Readiness,
+)
+from supervisor.config.schema import Target
+from supervisor.config.yamlsource import Problem
+from supervisor.errors import SpecfleetError
+from supervisor.hookspecs import hookimpl
+
+# Our method names -> vLLM's SpeculativeConfig.method.
+METHOD = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
+          "dflash": "dflash", "ngram": "ngram", "suffix": "suffix"}
+# num_speculative_tokens when length.start is unset (vLLM requires it for most methods).
+DEFAULT_LENGTH = {"draft": 5, "eagle": 3, "eagle3": 3, "dflash": 5, "mtp": 1, "ngram": 5,
+                  "suffix": 24}
+OPTIONS = {"prompt_lookup_min": int, "prompt_lookup_max": int,
+           "draft_tensor_parallel_size": int, "served_model_name": str}
+MANAGED_FLAGS = {
+    "--host": "host:", "--port": "port:", "--speculative-config": "speculation:",
+    "--spec-method": "speculation.method:", "--spec-model": "speculation.draft:",
+    "--spec-tokens": "speculation.length:", "--api-key": "api_key:",
+    "--served-model-name": "options.served_model_name:",
+    "--gpu-memory-utilization": "the VRAM planner (daemon.gpu)",
+}
+# vLLM's own allowance beyond weights and KV: CUDA graphs, activations, the CUDA context.
+RUNTIME_ALLOWANCE = 2 * vram.GiB
+
+_MISSING_MODEL = re.compile(
+    r"[^\n]*(?:is not a local folder and is not a valid model identifier|"
+    r"Repository Not Found|RepositoryNotFoundError|does not appear to have a file named "
+    r"config\.json)[^\n]*")
+_BAD_SPEC = re.compile(r"validation error for SpeculativeConfig(?:\n[^\n]*){0,3}|"
+                       r"[^\n]*(?:Unsupported speculative method|unrecognized arguments)[^\n]*")
+_ADDRESS_IN_USE = re.compile(r"[^\n]*(?:Address already in use|address already in use)[^\n]*")
+
+
+def _looks_local(ref: str) -> bool:
+    return ref.startswith(("/", ".", "~"))
+
+
+def speculative_config(target: Target, draft_length: int | None) -> dict[str, Any] | None:
+    """The `--speculative-config` JSON object for a target; pure, so every method is tested."""
+    spec = target.speculation
+    if spec.method == "none":
+        return None
+    n = draft_length if draft_length is not None else (
+        spec.length.start if spec.length.start is not None else DEFAULT_LENGTH[spec.method])
+    config: dict[str, Any] = {"method": METHOD[spec.method], "num_speculative_tokens": n}
+    if spec.draft:
+        config["model"] = str(Path(spec.draft).expanduser()) if _looks_local(spec.draft) \
+            else spec.draft
+    opts = target.options
+    if spec.method == "ngram":
+        config["prompt_lookup_min"] = opts.get("prompt_lookup_min", 2)
+        config["prompt_lookup_max"] = opts.get("prompt_lookup_max", 5)
+    if "draft_tensor_parallel_size" in opts and spec.method in ("draft", "eagle", "eagle3",
+                                                                 "dflash"):
+        config["draft_tensor_parallel_size"] = opts["draft_tensor_parallel_size"]
+    return config
+
+
+class VllmBackend(Backend):
+    name = "vllm"
+    description = "vLLM (vllm serve)"
+    default_binary = "vllm"
+    fills_gpu_memory = True
+
+    @classmethod
+    def check(cls, target: Target) -> list[Problem]:
+        problems = []
+        for key, value in target.options.items():
+            kind = OPTIONS.get(key)
+            if kind is None:
+                problems.append(Problem(("options", key), f"unknown vllm option; valid: "
+                                        f"{', '.join(sorted(OPTIONS))}"))
+            elif not isinstance(value, kind) or isinstance(value, bool):
+                problems.append(Problem(("options", key), f"expected {kind.__name__}, got "
+                                        f"{value!r}"))
+        lo, hi = target.options.get("prompt_lookup_min"), target.options.get("prompt_lookup_max")
+        if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+            problems.append(Problem(("options", "prompt_lookup_min"),
+                                    f"prompt_lookup_min ({lo}) is greater than prompt_lookup_max "
+                                    f"({hi})"))
+        if target.speculation.variant is not None:
+            problems.append(Problem(("speculation", "variant"), "n-gram variants are "
+                                    "llama.cpp's; vLLM's ngram is tuned with options."
+                                    "prompt_lookup_min/max"))
+        for path, ref in ((("model",), target.model),
+                          (("speculation", "draft"), target.speculation.draft)):
+            if not ref:
+                continue
+            if _looks_local(ref):
+                if not Path(ref).expanduser().exists():
+                    problems.append(Problem(path, f"{ref!r} does not exist"))
+            else:
+                problems.append(Problem(path, f"{ref!r} is a model id that vLLM downloads; "
+                                        "it cannot be checked offline", "warning"))
+        for i, arg in enumerate(target.args):
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_FLAGS:
+                problems.append(Problem(("args", i), f"{flag} is managed by specfleet; set "
+                                        f"{MANAGED_FLAGS[flag]} instead"))
+        try:
+            cls(target).resolve_binary()
+        except SpecfleetError as exc:
+            # A fleet file is often checked away from the GPU host that runs it: a runtime
+            # missing from PATH here is a warning; a `binary:` that does not exist is not.
+            problems.append(Problem(("binary",), str(exc)) if target.binary else
+                            Problem((), f"{exc} (the target cannot start on this machine)",
+                                    "warning"))
+        return problems
+
+    @property
+    def served_name(self) -> str:
+        return str(self.target.options.get("served_model_name", self.target.name))
+
+    def tunable_length(self) -> str | None:
+        return None if self.target.speculation.method == "none" else \
+            "num_speculative_tokens (--speculative-config)"
+
+    def default_length(self) -> int | None:
+        method = self.target.speculation.method
+        return None if method == "none" else DEFAULT_LENGTH[method]
+
+    def length_ceiling(self) -> int:
+        return 64 if self.target.speculation.method in ("ngram", "suffix") else 16
+
+    def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
+                    placement: vram.Assignment | None = None) -> LaunchSpec:
+        t = self.target
+        model = str(Path(t.model).expanduser()) if _looks_local(t.model) else t.model
+        argv = [self.command_binary(), "serve", model, "--host", t.host, "--port", str(t.port),
+                "--served-model-name", self.served_name]
+        config = speculative_config(t, draft_length) if speculation else None
+        if config is not None:
+            argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+        if placement is not None and placement.memory_fraction is not None:
+            argv += ["--gpu-memory-utilization", f"{placement.memory_fraction:.3f}"]
+        argv += list(t.args)
+        env = dict(t.env)
+        if t.gpus == "none":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        elif placement is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
+        elif isinstance(t.gpus, tuple):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
+        secret: frozenset[str] = frozenset()
+        if t.api_key is not None:
+            env["VLLM_API_KEY"] = self.api_key() or ""  # vLLM reads it; argv is public
+            secret = frozenset({"VLLM_API_KEY"})
+        return LaunchSpec(tuple(argv), env, secret)
+
+    def describe_launch(self, spec: LaunchSpec) -> list[str]:
+        if "--speculative-config" not in spec.argv:
+            return []
+        config = spec.argv[spec.argv.index("--speculative-config") + 1]
+        return ["--speculative-config " + json.dumps(json.loads(config), indent=2)]
+
+    def memory_estimate(self, on_gpu: bool) -> vram.Estimate | None:
+        files = self.model_files()
+        if "model" not in files or not Path(files["model"]).is_dir():
+            return None
+        facts = modelfacts.read(files["model"])
+        max_len = _flag_int(self.target.args, "--max-model-len") or facts.context_length or 4096
+        estimate = vram.Estimate(weights=facts.weight_bytes, kv=_kv_bytes(facts, max_len),
+                                 parts=(("target weights", facts.weight_bytes),))
+        if "draft" in files and Path(files["draft"]).is_dir():
+            draft = modelfacts.read(files["draft"])
+            estimate += vram.Estimate(weights=draft.weight_bytes, kv=_kv_bytes(draft, max_len))
+        return estimate + vram.Estimate(overhead=RUNTIME_ALLOWANCE if on_gpu else 0)
+
+    async def probe(self, http: aiohttp.ClientSession) -> Probe:
+        async with http.get(f"{self.target.base_url}/health") as resp:
+            if resp.status == 200:
+                return Probe(Readiness.READY)
+            body = (await resp.text())[:200]
+            return Probe(Readiness.UNHEALTHY, f"HTTP {resp.status}"
+                         + (" (the engine is dead)" if resp.status == 503 else "")
+                         + (f": {body}" if body else ""))
+
+    async def read_metrics(self, http: aiohttp.ClientSession) -> MetricsSample | None:
+        async with http.get(f"{self.target.base_url}/metrics") as resp:
+            if resp.status != 200:
+                return None
+            return parse_metrics(await resp.text())
+
+    async def generate(self, http: aiohttp.ClientSession, prompt: str, max_tokens: int,
+                       sampling: Mapping[str, object]) -> Generation:
+        return await self._openai_completion(http, self.served_name, prompt, max_tokens,
+                                             sampling)
+
+    def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
+        if message := oom.search(output_tail):
+            return Failure(FailureKind.OUT_OF_MEMORY, f"out of memory: {message}")
+        if m := _MISSING_MODEL.search(output_tail):
+            return Failure(FailureKind.LOAD_ERROR, f"vLLM cannot find the model: "
+                           f"{m.group(0).strip()}", False)
+        if m := _BAD_SPEC.search(output_tail):
+            return Failure(FailureKind.BAD_ARGUMENTS, "vLLM rejected the speculative "
+                           f"configuration: {' '.join(m.group(0).split())}", False)
+        if m := _ADDRESS_IN_USE.search(output_tail):
+            return Failure(FailureKind.PORT_IN_USE, m.group(0).strip())
+        return None
+
+
+def parse_metrics(text: str) -> MetricsSample:
+    """vLLM's /metrics: counters per engine (label `engine`), summed over engines."""
+    s = promtext.parse(text)
+    started = s.by_name.get("process_start_time_seconds")
+    tokens = s.total("vllm:request_generation_tokens_sum") if \
+        "vllm:request_generation_tokens_sum" in s else s.total("vllm:generation_tokens_total")
+    return MetricsSample(
+        process_start=min(v for _, v in started) if started else None,
+        drafts=int(s.total("vllm:spec_decode_num_drafts_total")),
+        draft_tokens=int(s.total("vllm:spec_decode_num_draft_tokens_total")),
+        accepted_tokens=int(s.total("vllm:spec_decode_num_accepted_tokens_total")),
+        accepted_per_position=dense_positions(
+            s.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")),
+        tokens_predicted=int(tokens),
+        tokens_predicted_seconds=s.total("vllm:request_decode_time_seconds_sum"),
+        prompt_tokens=int(s.total("vllm:prompt_tokens_total")),
+        requests_processing=int(s.total("vllm:num_requests_running")),
+        requests_deferred=int(s.total("vllm:num_requests_waiting")),
+    )
+
+
+def _flag_int(args: tuple[str, ...], flag: str) -> int | None:
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            raw = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(raw) if raw.isdigit() else None
+    return None
+
+
+def _kv_bytes(facts: modelfacts.ModelFacts, tokens: int) -> int:
+    """K and V in 16-bit for `tokens` positions: vLLM needs at least one full-length sequence."""
+    per_token = 2 * (facts.block_count or 0) * (facts.head_count_kv or 0) * (
+        facts.key_length or 0) * 2
+    return per_token * tokens
+
+
+@hookimpl
+def register_backends(register) -> None:  # type: ignore[no-untyped-def]
+    register(VllmBackend)
