@@ -10,6 +10,11 @@ prints, see tests/fixtures), throughput from its `eval time = ...` lines and fro
 `eval_count / eval_duration`. Ollama has no authentication: a non-loopback bind is
 refused unless `options.proxy_guarded: true` says a proxy in front guards it. Ollama
 cannot be installed here: this backend was tested against those formats only.
+
+With `launcher: external`, specfleet starts no server: it creates and loads the model on
+the Ollama server already listening at host:port (the local `ollama` client runs `ollama
+create`), watches it, and re-creates and reloads the model when it goes missing. Its log
+is not specfleet's, so there is no acceptance data in that mode.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class OllamaBackend(Backend):
     name = "ollama"
     description = "Ollama (ollama serve)"
     default_binary = "ollama"
+    supports_external = True  # launcher: external manages the model on an existing server
 
     def __init__(self, target: Target) -> None:
         super().__init__(target)
@@ -79,7 +85,8 @@ class OllamaBackend(Backend):
             elif not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
                 problems.append(Problem(("options", key), f"expected "
                                         f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}"))
-        if target.host not in LOOPBACK and target.options.get("proxy_guarded") is not True:
+        if target.host not in LOOPBACK and target.options.get("proxy_guarded") is not True \
+                and target.launcher != "external":
             problems.append(Problem(("host",), f"Ollama has no authentication: binding it to "
                                     f"{target.host} exposes it to the network. Keep host "
                                     "127.0.0.1, or put an authenticating proxy in front and "
@@ -176,6 +183,10 @@ class OllamaBackend(Backend):
         self._counts = dict.fromkeys(self._counts, 0)
         self._counts["ms"] = 0.0
         files = {str(self.modelfile_path()): self.modelfile(draft_length, speculation)}
+        if t.launcher == "external":
+            # The server is not ours: only the Modelfile is written; `ollama create` and the
+            # load go to the server at host:port.
+            return LaunchSpec((f"(the Ollama server at {t.base_url})",), {}, files=files)
         return LaunchSpec((self.command_binary(), "serve"), env, files=files)
 
     def memory_estimate(self, on_gpu: bool) -> vram.Estimate | None:

@@ -130,6 +130,9 @@ class Backend:
     # True for runtimes that claim a fraction of the GPU rather than what they need
     # (vLLM): the planner then gives each its share explicitly.
     fills_gpu_memory: ClassVar[bool] = False
+    # True for runtimes whose models specfleet can manage on a server it did not start
+    # (`launcher: external`).
+    supports_external: ClassVar[bool] = False
 
     def __init__(self, target: Target) -> None:
         self.target = target

@@ -24,6 +24,7 @@ from supervisor.config.schema import Fleet, Target
 from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
 from supervisor.launcher.base import Launcher
+from supervisor.launcher.external import ExternalLauncher
 from supervisor.launcher.process import ProcessLauncher
 from supervisor.launcher.systemd import SystemdLauncher
 from supervisor.logs import get_logger
@@ -51,6 +52,7 @@ class Daemon:
         self.launcher = ProcessLauncher(settings.logs.expanduser(), self.state_dir,
                                         settings.log_max_bytes, settings.log_backups)
         self.systemd = SystemdLauncher(settings.systemd, self.state_dir)
+        self.external = ExternalLauncher()
         self.notifier = Notifier()
         self._ready_sent = False
         self.supervisors: dict[str, TargetSupervisor] = {}
@@ -147,7 +149,8 @@ class Daemon:
     # --- targets ---
 
     def _launcher_for(self, target: Target) -> Launcher:
-        return self.systemd if target.launcher == "systemd" else self.launcher
+        return {"systemd": self.systemd, "external": self.external}.get(target.launcher,
+                                                                        self.launcher)
 
     def _uses_systemd(self, fleet: Fleet) -> bool:
         """Targets on systemd, or target units left from an earlier fleet file (which must be
@@ -245,7 +248,7 @@ class Daemon:
     def _running_pids(self) -> dict[str, int]:
         out = {}
         for name, sup in self.supervisors.items():
-            if sup.process is not None and sup.process.returncode is None:
+            if sup.process is not None and sup.process.returncode is None and sup.process.pid > 0:
                 out[name] = sup.process.pid
             else:
                 sup.resources = {}

@@ -45,6 +45,9 @@ class BackendRegistry:
             return [Problem(("backend",), f"backend {target.backend!r} is not installed{hint}; "
                                           f"installed: {', '.join(self.names())}")]
         problems = cls.check(target)
+        if target.launcher == "external" and not cls.supports_external:
+            problems.append(Problem(("launcher",), f"the {target.backend} backend cannot use a "
+                                    "server it did not start; launcher: process or systemd"))
         if any(p.severity == "error" for p in problems):
             return problems
         where = ("speculation", "draft") if target.speculation.draft else ("speculation", "method")

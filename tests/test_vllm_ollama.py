@@ -231,3 +231,27 @@ def test_an_ollama_target_is_created_loaded_and_its_log_read(tmp_path, model, st
     metrics = wait_for(lambda: daemon.target("chat")["metrics"].get("drafts"), 30,
                        "acceptance from the server's log")
     assert metrics == 23 and daemon.target("chat")["metrics"]["accepted_tokens"] == 83
+
+
+def test_an_existing_ollama_server_gets_its_model_managed_and_is_left_running(
+        tmp_path, model, start_daemon):
+    port = free_port()
+    binary = runtime(tmp_path, "ollama")
+    server = subprocess.Popen([binary, "serve"], env={**os.environ,
+                                                      "OLLAMA_HOST": f"127.0.0.1:{port}"})
+    try:
+        fleet = write_fleet(tmp_path, {"shared": {
+            "backend": "ollama", "launcher": "external", "model": model, "port": port,
+            "binary": binary, "options": {"modelfile_dir": str(tmp_path / "mf")},
+            "health": dict(FAST_HEALTH), "restart": dict(FAST_RESTART)}})
+        daemon = start_daemon(fleet)
+        ready = daemon.wait_state("shared", "ready", 30)
+        assert ready["pid"] is None or ready["pid"] == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/ps", timeout=5) as resp:
+            assert [m["name"] for m in json.loads(resp.read())["models"]] == [
+                "specfleet-shared:latest"]
+        assert daemon.stop() == 0
+        assert server.poll() is None  # not specfleet's server: it keeps running
+    finally:
+        server.kill()
+        server.wait()

@@ -27,7 +27,7 @@ NGRAM_VARIANTS = ("mod", "simple", "map-k", "map-k4v", "cache")
 METHODS_NEEDING_DRAFT = ("draft", "eagle", "eagle3", "dflash")
 METHODS_WITH_DRAFT_FILE = ("draft", "eagle", "eagle3", "dflash", "mtp")
 METHODS_WITHOUT_MODEL = ("ngram", "suffix")  # draft from the context
-LAUNCHERS = ("process", "systemd")
+LAUNCHERS = ("process", "systemd", "external")
 
 
 def default_state_dir() -> str:
@@ -132,7 +132,7 @@ class TargetDefaults(_Strict):
     """Keys under `defaults:`; every target inherits them (mappings merge key by key)."""
 
     backend: str | None = None
-    launcher: Literal["process", "systemd"] | None = None
+    launcher: Literal["process", "systemd", "external"] | None = None
     host: str | None = None
     gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
     speculation: Speculation | None = None
@@ -149,7 +149,7 @@ class TargetDefaults(_Strict):
 class Target(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     backend: str = "llamacpp"
-    launcher: Literal["process", "systemd"] = "process"
+    launcher: Literal["process", "systemd", "external"] = "process"
     model: str
     speculation: Speculation = Speculation()
     host: str = "127.0.0.1"
