@@ -125,6 +125,9 @@ class OllamaBackend(Backend):
     def model_name(self) -> str:
         return str(self.target.options.get("model_name", f"specfleet-{self.target.name}"))
 
+    def openai_model(self) -> str:
+        return self.model_name
+
     @property
     def keep_alive(self) -> str | int:
         return self.target.options.get("keep_alive", -1)

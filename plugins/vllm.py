@@ -142,6 +142,9 @@ class VllmBackend(Backend):
     def served_name(self) -> str:
         return str(self.target.options.get("served_model_name", self.target.name))
 
+    def openai_model(self) -> str:
+        return self.served_name
+
     def tunable_length(self) -> str | None:
         return None if self.target.speculation.method == "none" else \
             "num_speculative_tokens (--speculative-config)"

@@ -235,6 +235,10 @@ class Backend:
                 f"target '{self.target.name}': cannot read api_key.file {source.file}: "
                 f"{exc.strerror}") from exc
 
+    def openai_model(self) -> str:
+        """The `model` the runtime's OpenAI-compatible API expects for this target."""
+        return self.target.model
+
     def auth_headers(self) -> dict[str, str]:
         key = self.api_key()
         return {"Authorization": f"Bearer {key}"} if key else {}

@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from supervisor import __version__, gpus, placement, statusfile, statusview
 from supervisor.config.loader import LoadedFleet, load_fleet
-from supervisor.config.schema import default_state_dir
+from supervisor.config.schema import Fleet, default_state_dir
 from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.registry import BackendRegistry, default_registry
 
@@ -110,6 +111,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         state_dir = Path(default_state_dir())
     status = statusfile.read(state_dir)
+    token = None
+    if args.file:
+        token = _api_token(load_fleet(args.file).fleet)
+    if status is not None:
+        status["source"] = f"file {state_dir / statusfile.STATUS_FILE}"
+        if statusfile.daemon_alive(status.get("daemon", {})):
+            status = _status_from_api(status, token) or status
     if status is None:
         print(f"no specfleet daemon has run with state_dir {state_dir} "
               "(give the fleet file or --state-dir)", file=sys.stderr)
@@ -133,6 +141,56 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print(statusview.render(status, alive))
     return 0 if alive else 3
+
+
+def _api_token(fleet: Fleet) -> str | None:
+    source = fleet.daemon.api_token
+    if source is None:
+        return None
+    if source.env:
+        return os.environ.get(source.env)
+    try:
+        return Path(str(source.file)).expanduser().read_text().strip()
+    except OSError:
+        return None
+
+
+def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any] | None:
+    """The live status from the running daemon's API (fresher than the file, which is
+    rewritten every few seconds); None if the API cannot be asked."""
+    import urllib.error
+    import urllib.request
+
+    api = status.get("daemon", {}).get("api")
+    if not api:
+        return None
+    host, _, port = api.rpartition(":")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+    req = urllib.request.Request(f"http://{host}:{port}/v1/targets",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None  # no token, or the API is down: the status file still tells
+    if not isinstance(data, dict) or "targets" not in data:
+        return None
+    return {**data, "source": f"api http://{host}:{port}"}
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import yaml
+
+    from supervisor.api import litellm
+
+    fleet = _load(args.file, default_registry()).fleet
+    config = litellm.config(fleet)
+    if args.format == "json":
+        print(json.dumps(config, indent=2))
+    else:
+        print("# LiteLLM proxy config for the targets of " + args.file + " (specfleet export)")
+        print(yaml.safe_dump(config, sort_keys=False), end="")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -209,8 +267,6 @@ def _unit_files(args: argparse.Namespace,
 
 
 def cmd_units(args: argparse.Namespace) -> int:
-    import os
-
     if args.action == "render" and not args.dir:
         raise SpecfleetError("units render needs --dir DIR (where to write the unit files)")
     launcher, files = _unit_files(args, every_target=args.action == "render")
@@ -309,6 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per completion (128)")
     p.add_argument("--out", help="output directory (default specfleet-bench-TARGET-TIME)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("export", help="print the fleet as a router's configuration",
+                       description="litellm: a LiteLLM proxy config (model_list with one entry "
+                       "per target, through specfleet's proxy when it is on, and router "
+                       "settings whose health checks do not load models).")
+    p.add_argument("router", choices=["litellm"])
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("units", help="write systemd unit files for the daemon and the targets",
                        description="render: write the daemon's unit (Type=notify, watchdog) and "

@@ -12,6 +12,7 @@ import fcntl
 import os
 import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ import aiohttp
 import psutil
 
 from supervisor import __version__, statusfile
+from supervisor.api.proxy import Proxy
+from supervisor.api.server import ApiServer
 from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.errors import FleetFileError, SpecfleetError
@@ -55,6 +58,9 @@ class Daemon:
         self.external = ExternalLauncher()
         self.notifier = Notifier()
         self._ready_sent = False
+        self._reload_lock = asyncio.Lock()
+        self.api = ApiServer(self)
+        self.proxy = Proxy(self)
         self.supervisors: dict[str, TargetSupervisor] = {}
         self.tuning_store = TuningStore(self.state_dir / "tuning.json")
         self.placer = Placer(settings.gpu)
@@ -92,6 +98,7 @@ class Daemon:
                 self.emit("daemon", f"specfleet {__version__} started with {self.fleet_path} "
                           f"({len(self.fleet.targets)} targets)")
                 await self._plan(self.fleet)
+                await self._listen()
                 monitor = asyncio.create_task(self.monitor.run(), name="monitor")
                 watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
                 for target in self.fleet.targets.values():
@@ -107,6 +114,8 @@ class Daemon:
                     if task is not None:
                         task.cancel()
                 await self._stop_all("daemon stopping")
+                await self.proxy.stop()
+                await self.api.stop()
                 await self.records.close()
                 self.systemd.close()
                 await self._http.close()
@@ -192,6 +201,13 @@ class Daemon:
 
     async def reload(self) -> bool:
         """Apply a changed fleet file; a bad file changes nothing."""
+        return (await self.reload_with_problems())[0]
+
+    async def reload_with_problems(self) -> tuple[bool, list[str]]:
+        async with self._reload_lock:  # SIGHUP and the API may ask at the same time
+            return await self._reload()
+
+    async def _reload(self) -> tuple[bool, list[str]]:
         try:
             loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
                                              self.registry.check_target)
@@ -201,7 +217,7 @@ class Daemon:
             self.emit("reload", f"reload rejected: {len(exc.problems)} problem(s) in "
                       f"{self.fleet_path}; the running fleet is unchanged",
                       detail="\n".join(exc.problems))
-            return False
+            return False, list(exc.problems)
         new = loaded.fleet
         if new.daemon != self.fleet.daemon:
             self.log.warning("daemon: settings changed; they take effect when the daemon restarts")
@@ -228,7 +244,48 @@ class Daemon:
             await self._remove_leftover_units(new)
         # Keep file order for status and for the stop order.
         self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
-        return True
+        return True, []
+
+    # --- the HTTP side ---
+
+    async def _listen(self) -> None:
+        settings = self.fleet.daemon
+        try:
+            await self.api.start(settings.api)
+            if settings.proxy.enabled:
+                await self.proxy.start(settings.proxy.listen)
+        except OSError as exc:
+            raise SpecfleetError(f"cannot listen: {exc.strerror or exc} (daemon.api "
+                                 f"{settings.api}, daemon.proxy.listen {settings.proxy.listen})"
+                                 ) from exc
+        self.emit("daemon", f"API on http://{settings.api}" + (
+            f", OpenAI-compatible proxy on http://{settings.proxy.listen}/v1"
+            if settings.proxy.enabled else ""))
+
+    def api_token(self) -> str | None:
+        """The API token, read from its source each time (a rotated file takes effect)."""
+        source = self.fleet.daemon.api_token
+        if source is None:
+            return None
+        if source.env is not None:
+            return os.environ.get(source.env) or None
+        try:
+            return Path(str(source.file)).expanduser().read_text().strip() or None
+        except OSError:
+            return None
+
+    def daemon_info(self) -> dict[str, Any]:
+        return {"status": "ok", "pid": os.getpid(), "create_time": self._create_time,
+                "version": __version__, "fleet_file": str(self.fleet_path),
+                "started": self._started, "updated": time.time(),
+                "state_dir": str(self.state_dir), "gpus": self.monitor.snapshot.to_dict(),
+                "api": self.fleet.daemon.api,
+                "proxy": self.fleet.daemon.proxy.listen if self.fleet.daemon.proxy.enabled
+                else None}
+
+    def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        return [asdict(s.status()) for n, s in self.supervisors.items()
+                if names is None or n in names]
 
     # --- VRAM plan and resources ---
 
@@ -304,10 +361,7 @@ class Daemon:
             self.log.info(event.reason, kind=event.kind, target=event.target, **data)
 
     def write_status(self) -> None:
-        daemon = {"pid": os.getpid(), "create_time": self._create_time, "version": __version__,
-                  "fleet_file": str(self.fleet_path), "started": self._started,
-                  "updated": time.time(), "state_dir": str(self.state_dir),
-                  "gpus": self.monitor.snapshot.to_dict()}
-        statusfile.write(self.state_dir, daemon, [s.status() for s in self.supervisors.values()])
+        statusfile.write(self.state_dir, self.daemon_info(),
+                         [s.status() for s in self.supervisors.values()])
         if self._ready_sent:
             self.notifier.status(self.summary())

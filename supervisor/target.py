@@ -44,6 +44,7 @@ class TargetStatus:
     name: str
     backend: str
     endpoint: str
+    model: str
     state: str
     since: float
     pid: int | None = None
@@ -60,6 +61,7 @@ class TargetStatus:
     placement: dict[str, Any] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)  # VRAM, RSS, CPU (the monitor)
     warnings: list[str] = field(default_factory=list)  # the pairing guard's, at the last start
+    requests: dict[str, Any] = field(default_factory=dict)  # seen by the proxy (docs/api.md)
 
 
 def _exit_description(code: int) -> str:
@@ -100,6 +102,9 @@ class TargetSupervisor:
         self.placement: dict[str, Any] = {}
         self.resources: dict[str, Any] = {}
         self.warnings: list[str] = []
+        self.requests: dict[str, Any] = {"count": 0, "draft_tokens": 0, "accepted_tokens": 0}
+        self.serving = asyncio.Event()  # set while ready (or degraded): the proxy waits on it
+        self.inflight = 0  # proxy requests being relayed to this target
         self._crash_times: list[float] = []
         self._oom_times: list[float] = []
         self._may_adopt = launcher.detaches  # only the first start may find a running unit
@@ -137,6 +142,13 @@ class TargetSupervisor:
         self.send("detach", reason)
         await self._task
 
+    def observe_request(self, timings: dict[str, Any]) -> None:
+        """Per-request draft counts the runtime returned (llama.cpp's `timings`), from the
+        proxy: the acceptance the clients actually got, also for runtimes without counters."""
+        self.requests["count"] += 1
+        self.requests["draft_tokens"] += int(timings.get("draft_n", 0) or 0)
+        self.requests["accepted_tokens"] += int(timings.get("draft_n_accepted", 0) or 0)
+
     def _event(self, kind: str, reason: str, **data: Any) -> None:
         self.events.emit(Event(self.name, kind, reason, data=data))
 
@@ -144,6 +156,7 @@ class TargetSupervisor:
         spec = self.target.speculation
         return TargetStatus(
             name=self.name, backend=self.target.backend, endpoint=self.target.base_url,
+            model=self.target.model,
             state=self.state.value, since=self.since,
             pid=self.process.pid if self.process and self.process.returncode is None else None,
             started_at=self.started_at, restarts=self.restarts,
@@ -157,7 +170,8 @@ class TargetSupervisor:
                              else None)},
             metrics=_metrics_view(self.metrics), tuning=self.tuner.view(),
             retunes=self.tuner.retunes, log_file=self.log_file, placement=dict(self.placement),
-            resources=dict(self.resources), warnings=list(self.warnings))
+            resources=dict(self.resources), warnings=list(self.warnings),
+            requests=dict(self.requests))
 
     # --- the owner task ---
 
@@ -169,6 +183,10 @@ class TargetSupervisor:
             raise RuntimeError(f"{self.name}: transition {self.state} -> {new} is not allowed")
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
         self.state, self.since, self.last_event = new, event.time, event
+        if new in (State.READY, State.DEGRADED):
+            self.serving.set()
+        else:
+            self.serving.clear()
         self.events.emit(event)
 
     async def run(self) -> None:
@@ -297,6 +315,13 @@ class TargetSupervisor:
                                   self.backend.model_files())
         return proc
 
+    async def _drain(self, timeout: float) -> None:
+        """Before a planned restart: let requests the proxy is relaying finish (new ones wait,
+        since the target is no longer serving), for at most `timeout` seconds."""
+        deadline = self.clock() + timeout
+        while self.inflight > 0 and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+
     async def _check_pairing(self) -> None:
         """The pairing guard before every start (cached per file, so cheap after the first)."""
         findings = await asyncio.to_thread(self.backend.pairing_findings)
@@ -331,6 +356,8 @@ class TargetSupervisor:
             if cmd.kind == "retune":
                 self.tuner.apply_pending()
             self._set_state(State.STOPPING, cmd.reason)
+            if cmd.kind in ("restart", "retune"):
+                await self._drain(self.target.restart.stop_grace)
             await proc.stop(self.target.restart.stop_grace)
             if cmd.kind not in ("restart", "retune"):
                 self._set_state(State.STOPPED, f"stopped ({cmd.reason})")

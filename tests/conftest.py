@@ -72,7 +72,8 @@ def quickstart_fleet(tmp_path: Path, model: str, binary: str, **defaults: Any) -
     """examples/quickstart.yaml as shipped, on this test's ports, model and state dir
     (and `defaults` added to its defaults, e.g. launcher="systemd")."""
     doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    doc["daemon"] = {"state_dir": str(tmp_path / "state"), "api": f"127.0.0.1:{free_port()}"}
+    doc["daemon"] = {"state_dir": str(tmp_path / "state"), "api": f"127.0.0.1:{free_port()}",
+                     "proxy": {"listen": f"127.0.0.1:{free_port()}"}}
     doc.setdefault("defaults", {}).update(
         {"binary": binary, "health": dict(FAST_HEALTH), "restart": dict(FAST_RESTART),
          **defaults})
@@ -88,6 +89,7 @@ def write_fleet(directory: Path, targets: dict[str, Any], name: str = "fleet.yam
                 **daemon: Any) -> Path:
     doc = {"version": 1,
            "daemon": {"state_dir": str(directory / "state"), "api": f"127.0.0.1:{free_port()}",
+                      "proxy": {"listen": f"127.0.0.1:{free_port()}"},
                       **daemon},
            "targets": targets}
     path = directory / name

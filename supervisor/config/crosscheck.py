@@ -62,10 +62,35 @@ def check_restart_and_health(target: Target) -> list[Problem]:
     return problems
 
 
-def check_ports(fleet: Fleet) -> list[Problem]:
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def check_daemon_listeners(fleet: Fleet) -> list[Problem]:
+    """The API and the proxy need a token beyond loopback: they can restart targets and
+    reach every model."""
+    d = fleet.daemon
     problems = []
+    listeners = [(("daemon", "api"), d.api)] + (
+        [(("daemon", "proxy", "listen"), d.proxy.listen)] if d.proxy.enabled else [])
+    for path, address in listeners:
+        host = address.rpartition(":")[0]
+        if host not in _LOOPBACK and d.api_token is None:
+            problems.append(Problem(path, f"{address} is reachable beyond this machine, but "
+                                    "daemon.api_token is not set: anyone could restart targets "
+                                    "and use the models. Set api_token: {env: VAR} or bind "
+                                    "127.0.0.1"))
+    if d.proxy.enabled and d.proxy.listen.rpartition(":")[2] == d.api.rpartition(":")[2] and \
+            _hosts_overlap(d.proxy.listen.rpartition(":")[0], d.api.rpartition(":")[0]):
+        problems.append(Problem(("daemon", "proxy", "listen"),
+                                f"{d.proxy.listen} is the API's address (daemon.api)"))
+    return problems
+
+
+def check_ports(fleet: Fleet) -> list[Problem]:
+    problems = check_daemon_listeners(fleet)
     seen: list[tuple[str, int, str]] = []
     api_host, _, api_port = fleet.daemon.api.rpartition(":")
+    proxy_host, _, proxy_port = fleet.daemon.proxy.listen.rpartition(":")
     for name, target in fleet.targets.items():
         for other_host, other_port, other in seen:
             if other_port == target.port and _hosts_overlap(other_host, target.host):
@@ -76,6 +101,11 @@ def check_ports(fleet: Fleet) -> list[Problem]:
         if int(api_port) == target.port and _hosts_overlap(api_host, target.host):
             problems.append(Problem(("targets", name, "port"),
                 f"port {target.port} is the daemon's API port (daemon.api: {fleet.daemon.api})"))
+        if fleet.daemon.proxy.enabled and int(proxy_port) == target.port and \
+                _hosts_overlap(proxy_host, target.host):
+            problems.append(Problem(("targets", name, "port"),
+                f"port {target.port} is the proxy's port (daemon.proxy.listen: "
+                f"{fleet.daemon.proxy.listen})"))
         seen.append((target.host, target.port, name))
     return problems
 

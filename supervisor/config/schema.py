@@ -196,10 +196,34 @@ class SystemdSettings(_Strict):
     watchdog: Seconds = Field(default=30.0, gt=0)  # WatchdogSec= of the daemon's own unit
 
 
+def _check_host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError("expected HOST:PORT such as 127.0.0.1:9910")
+    return value
+
+
+class Proxy(_Strict):
+    """The OpenAI-compatible proxy in front of the targets (docs/api.md)."""
+
+    enabled: bool = True
+    listen: str = "127.0.0.1:9911"
+    hold: Seconds = 120.0  # how long a request waits for a restarting target
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        return _check_host_port(value)
+
+
 class Daemon(_Strict):
     state_dir: str = Field(default_factory=default_state_dir)
     log_dir: str | None = None  # default: <state_dir>/logs
     api: str = "127.0.0.1:9910"
+    # Bearer token for the API and the proxy (everything but /healthz); required when either
+    # listens beyond loopback.
+    api_token: ApiKey | None = None
+    proxy: Proxy = Proxy()
     log_max_bytes: Bytes = 10 * 1024 * 1024
     log_backups: int = Field(default=3, ge=0, le=100)
     gpu: GpuSettings = GpuSettings()
@@ -211,10 +235,7 @@ class Daemon(_Strict):
     @field_validator("api")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError("expected HOST:PORT such as 127.0.0.1:9910")
-        return value
+        return _check_host_port(value)
 
     @property
     def logs(self) -> Path:

@@ -1,0 +1,162 @@
+"""OpenAI-compatible proxy in front of the fleet: /v1/models, /v1/chat/completions,
+/v1/completions, routed by the request's `model` (a target name).
+
+While a target restarts (a crash, a retune, an API restart) requests wait for it, up to
+`daemon.proxy.hold`, instead of failing; a restart for a retune first waits for the
+requests in flight to finish (the target supervisor drains them), so no client sees a
+cut stream. Responses, streamed or not, are passed through byte for byte. The `timings`
+llama.cpp returns with each completion (draft_n, draft_n_accepted) are counted per
+target: the acceptance clients actually got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from supervisor.api.server import auth_middleware, errors_as_json, json_error
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Daemon
+    from supervisor.target import TargetSupervisor
+
+# Hop-by-hop and length headers are the proxy's own business, not passed through.
+_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
+         "server", "date"}
+
+
+class Proxy:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.hold = daemon.fleet.daemon.proxy.hold
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.app = web.Application(middlewares=[errors_as_json,
+                                                auth_middleware(daemon.api_token, set())],
+                                   client_max_size=64 * 1024 * 1024)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_post("/v1/chat/completions", self.forward)
+        self.app.router.add_post("/v1/completions", self.forward)
+
+    async def start(self, address: str) -> None:
+        # A fresh connection per request: an idle keep-alive connection would hold one of
+        # llama-server's few HTTP threads (the same reason the daemon's probes close theirs).
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True, limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
+        host, _, port = address.rpartition(":")
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": name, "object": "model", "owned_by": "specfleet",
+                 "created": int(sup.since), "ready": sup.serving.is_set()}
+                for name, sup in self.daemon.supervisors.items()]
+        return web.json_response({"object": "list", "data": data})
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return json_error(400, "the request body is not JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return json_error(400, "the request needs a \"model\" (a target name)")
+        sup = self.daemon.supervisors.get(body["model"])
+        if sup is None:
+            return json_error(404, f"no target {body['model']!r}; targets: "
+                              f"{', '.join(self.daemon.supervisors) or '(none)'}")
+        upstream_model = sup.backend.openai_model()
+        if upstream_model != body["model"]:
+            body["model"] = upstream_model
+            raw = json.dumps(body).encode()
+        deadline = time.monotonic() + self.hold
+        while True:
+            if not await self._wait_serving(sup, deadline):
+                return json_error(503, f"target {sup.name!r} is {sup.state.value} and did not "
+                                  f"become ready within {self.hold:g}s (daemon.proxy.hold)")
+            sup.inflight += 1
+            try:
+                return await self._relay(request, sup, raw)
+            except _NotSent:
+                # Refused before any byte reached the client: the target is restarting.
+                await asyncio.sleep(0.05)
+                continue
+            finally:
+                sup.inflight -= 1
+
+    @staticmethod
+    async def _wait_serving(sup: TargetSupervisor, deadline: float) -> bool:
+        remaining = deadline - time.monotonic()
+        if sup.serving.is_set():
+            return True
+        if remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(sup.serving.wait(), timeout=remaining)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _relay(self, request: web.Request, sup: TargetSupervisor,
+                     raw: bytes) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {"Content-Type": "application/json", **sup.backend.auth_headers()}
+        if accept := request.headers.get("Accept"):
+            headers["Accept"] = accept
+        url = f"{sup.target.base_url}{request.path}"
+        try:
+            upstream = await self._session.post(url, data=raw, headers=headers)
+        except aiohttp.ClientConnectionError as exc:
+            raise _NotSent from exc
+        async with upstream:
+            if upstream.status == 503 and not sup.serving.is_set():
+                raise _NotSent  # loading again: wait and resend
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for key, value in upstream.headers.items():
+                if key.lower() not in _DROP:
+                    response.headers[key] = value
+            await response.prepare(request)
+            tail = b""
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+                tail = (tail + chunk)[-16384:]  # the last event carries the timings
+            await response.write_eof()
+        _count_timings(sup, tail)
+        return response
+
+
+class _NotSent(Exception):
+    """The upstream refused the request before anything was relayed: it may be resent."""
+
+
+def _count_timings(sup: TargetSupervisor, tail: bytes) -> None:
+    if b'"timings"' not in tail:
+        return
+    text = tail.decode(errors="replace")
+    start = text.rfind('"timings"')
+    # Streamed: the timings are in the last `data: {...}` event; plain: in the JSON body.
+    begin = text.rfind("data: ", 0, start)
+    candidate = text[begin + 6:] if begin >= 0 else text
+    candidate = candidate.split("\n\n", 1)[0].strip()
+    try:
+        data: Any = json.loads(candidate)
+    except ValueError:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return
+    if isinstance(data, dict) and isinstance(data.get("timings"), dict):
+        sup.observe_request(data["timings"])

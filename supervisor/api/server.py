@@ -1,0 +1,149 @@
+"""The daemon's HTTP API (aiohttp), for routers, dashboards and `specfleet status`.
+
+GET /healthz answers for the daemon itself and never touches a model (LiteLLM-style
+health checks that run a completion per model would load models). With a token
+configured, everything else needs `Authorization: Bearer <token>`. Malformed requests
+get a 4xx with a JSON body `{"error": ...}`; nothing a client sends yields a 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from supervisor import __version__
+from supervisor.api import litellm
+from supervisor.api.promexport import registry_for
+from supervisor.events import Event
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Daemon
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPEN_PATHS = {"/healthz"}
+
+
+def json_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def auth_middleware(token: Callable[[], str | None], open_paths: set[str]) -> Any:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        expected = token()
+        if expected and request.path not in open_paths:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+                return json_error(401, "missing or wrong token (Authorization: Bearer ...)")
+        return await handler(request)
+    return check
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 400 and exc.content_type != "application/json":
+            return json_error(exc.status, exc.reason)
+        raise
+
+
+class ApiServer:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application(middlewares=[
+            errors_as_json, auth_middleware(daemon.api_token, OPEN_PATHS)])
+        self.app.router.add_get("/healthz", self.healthz)
+        self.app.router.add_get("/v1/targets", self.targets)
+        self.app.router.add_get("/v1/targets/{name}", self.target)
+        self.app.router.add_post("/v1/targets/{name}/restart", self.restart)
+        self.app.router.add_post("/v1/reload", self.reload)
+        self.app.router.add_get("/v1/events", self.events)
+        self.app.router.add_get("/v1/litellm", self.litellm)
+        self.app.router.add_get("/metrics", self.metrics)
+        self._metrics = registry_for(daemon)
+
+    async def start(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # --- handlers ---
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response(self.daemon.daemon_info())
+
+    async def targets(self, request: web.Request) -> web.Response:
+        return web.json_response({"daemon": self.daemon.daemon_info(),
+                                  "targets": self.daemon.target_statuses()})
+
+    def _named(self, request: web.Request) -> Any:
+        name = request.match_info["name"]
+        sup = self.daemon.supervisors.get(name)
+        if sup is None:
+            raise web.HTTPNotFound(reason=f"no target {name!r}; targets: "
+                                   f"{', '.join(self.daemon.supervisors) or '(none)'}")
+        return sup
+
+    async def target(self, request: web.Request) -> web.Response:
+        return web.json_response(self.daemon.target_statuses([self._named(request).name])[0])
+
+    async def restart(self, request: web.Request) -> web.Response:
+        sup = self._named(request)
+        sup.send("restart", "restart requested through the API")
+        return web.json_response({"target": sup.name, "restarting": True}, status=202)
+
+    async def reload(self, request: web.Request) -> web.Response:
+        ok, problems = await self.daemon.reload_with_problems()
+        if not ok:
+            return web.json_response({"reloaded": False, "problems": problems}, status=422)
+        return web.json_response({"reloaded": True})
+
+    async def litellm(self, request: web.Request) -> web.Response:
+        return web.json_response(litellm.config(self.daemon.fleet))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._metrics)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: every state change and tuning decision, as it happens."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=1000)
+
+        def push(event: Event) -> None:
+            if not queue.full():  # a slow client loses events, never the daemon's memory
+                queue.put_nowait(event)
+
+        unsubscribe = self.daemon.events.subscribe(push)
+        try:
+            await response.write(f": specfleet {__version__} events\n\n".encode())
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=15)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                payload = json.dumps(event.to_dict())
+                await response.write(f"event: {event.kind}\ndata: {payload}\n\n".encode())
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            unsubscribe()
+        return response
+
