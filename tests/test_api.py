@@ -226,3 +226,22 @@ def test_litellm_export_matches_litellms_documented_schema(fleet_with_token):
                                            "api_key": "os.environ/SF_API_TOKEN"}
     assert set(config["router_settings"]) >= {"num_retries", "cooldown_time", "allowed_fails"}
     assert config["general_settings"]["background_health_checks"] is False
+
+
+def test_the_grafana_dashboard_uses_only_metrics_specfleet_exports():
+    import re
+    from types import SimpleNamespace
+
+    from supervisor.api.promexport import FleetCollector
+
+    status = {"name": "t", "backend": "llamacpp", "state": "ready", "restarts": 0,
+              "speculation": {"method": "ngram", "enabled": True, "draft_length": 8},
+              "tuning": {"window": {"tokens": 10, "acceptance_rate": 0.5,
+                                    "mean_accepted_length": 2.0, "tokens_per_second": 40.0}},
+              "resources": {"vram_bytes": 1, "rss_bytes": 2}}
+    fake = SimpleNamespace(fleet_path="f.yaml", target_statuses=lambda: [status])
+    exported = {s.name for m in FleetCollector(fake).collect() for s in m.samples}
+    dashboard = json.loads((REPO / "examples" / "grafana-dashboard.json").read_text())
+    used = {name for p in dashboard["panels"] for t in p["targets"]
+            for name in re.findall(r"specfleet_\w+", t["expr"])}
+    assert used and used <= exported, used - exported
