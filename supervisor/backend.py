@@ -235,9 +235,11 @@ class Backend:
                 f"target '{self.target.name}': cannot read api_key.file {source.file}: "
                 f"{exc.strerror}") from exc
 
-    def openai_model(self) -> str:
-        """The `model` the runtime's OpenAI-compatible API expects for this target."""
-        return self.target.model
+    def openai_model(self) -> str | None:
+        """The `model` the runtime's OpenAI-compatible API expects for this target, or None
+        when it serves one model and takes any name (llama-server): the proxy then passes
+        the client's body through untouched."""
+        return None
 
     def auth_headers(self) -> dict[str, str]:
         key = self.api_key()

@@ -206,7 +206,8 @@ def test_events_stream_state_changes(fleet_with_token, start_daemon):
         return seen
 
     events = asyncio.run(asyncio.wait_for(watch(), 60))
-    assert [(e["old"], e["new"]) for e in events if e["kind"] == "state"] == [
+    assert [(e["old"], e["new"]) for e in events
+            if e["kind"] == "state" and e["target"] == "alpha"] == [
         ("ready", "stopping"), ("stopping", "starting"), ("starting", "loading"),
         ("loading", "ready")]
 

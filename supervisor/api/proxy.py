@@ -44,10 +44,12 @@ class Proxy:
         self.app.router.add_post("/v1/completions", self.forward)
 
     async def start(self, address: str) -> None:
-        # A fresh connection per request: an idle keep-alive connection would hold one of
-        # llama-server's few HTTP threads (the same reason the daemon's probes close theirs).
+        # Connections to the runtimes are reused (saves ~0.3 ms per request): llama-server
+        # b11434 serves requests beyond its n_parallel+4 fixed HTTP threads with dynamic
+        # ones, so idle pooled connections do not starve it. Closed after 4 s idle, before
+        # its own 5 s keep-alive timeout, so a reused connection is not one it just closed.
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(force_close=True, limit=0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
         host, _, port = address.rpartition(":")
         self._runner = web.AppRunner(self.app, access_log=None)
@@ -79,7 +81,7 @@ class Proxy:
             return json_error(404, f"no target {body['model']!r}; targets: "
                               f"{', '.join(self.daemon.supervisors) or '(none)'}")
         upstream_model = sup.backend.openai_model()
-        if upstream_model != body["model"]:
+        if upstream_model is not None and upstream_model != body["model"]:
             body["model"] = upstream_model
             raw = json.dumps(body).encode()
         deadline = time.monotonic() + self.hold
