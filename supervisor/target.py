@@ -143,8 +143,9 @@ class TargetSupervisor:
         await self._task
 
     def observe_request(self, timings: dict[str, Any]) -> None:
-        """Per-request draft counts the runtime returned (llama.cpp's `timings`), from the
-        proxy: the acceptance the clients actually got, also for runtimes without counters."""
+        """Per-request draft counts the runtime returned with a completion (llama.cpp's
+        `timings`), from the proxy: the acceptance the clients actually got. Shown beside the
+        runtime's counters; the tuner reads the counters."""
         self.requests["count"] += 1
         self.requests["draft_tokens"] += int(timings.get("draft_n", 0) or 0)
         self.requests["accepted_tokens"] += int(timings.get("draft_n_accepted", 0) or 0)
