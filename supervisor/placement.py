@@ -64,6 +64,8 @@ def make_plan(backends: Mapping[str, Backend], snapshot: gpus.GpuSnapshot,
     devices, source = devices_from(snapshot, settings, ours)
     demands, estimates, on_gpu = [], {}, {}
     for name, backend in backends.items():
+        if backend.target.launcher == "external":
+            continue  # a server already running: its memory is in the readings already
         gpu = bool(devices) and backend.target.gpus != "none"
         on_gpu[name] = gpu
         try:
