@@ -256,12 +256,7 @@ class LlamaCppBackend(Backend):
                 "--host", t.host, "--port", str(t.port), "--metrics",
                 *method_args(t, draft_length, speculation), *t.args]
         env = dict(t.env)
-        if t.gpus == "none":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        elif placement is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
-        elif isinstance(t.gpus, tuple):
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
+        env.update(self.cuda_env(placement))
         secret: frozenset[str] = frozenset()
         if t.api_key is not None:
             # Through the environment, never argv: `ps` shows argv to every user.

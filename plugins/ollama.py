@@ -76,15 +76,7 @@ class OllamaBackend(Backend):
 
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
-        problems = []
-        for key, value in target.options.items():
-            kinds = OPTIONS.get(key)
-            if kinds is None:
-                problems.append(Problem(("options", key), "unknown ollama option; valid: "
-                                        + ", ".join(sorted(OPTIONS))))
-            elif not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-                problems.append(Problem(("options", key), f"expected "
-                                        f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}"))
+        problems = cls.check_options(target, OPTIONS)
         if target.host not in LOOPBACK and target.options.get("proxy_guarded") is not True \
                 and target.launcher != "external":
             problems.append(Problem(("host",), f"Ollama has no authentication: binding it to "
@@ -109,15 +101,7 @@ class OllamaBackend(Backend):
         if draft and not Path(draft).expanduser().is_file():
             problems.append(Problem(("speculation", "draft"), f"draft file {draft!r} does not "
                                     "exist (DRAFT takes a local GGUF file)"))
-        try:
-            cls(target).resolve_binary()
-        except SpecfleetError as exc:
-            # A fleet file is often checked away from the GPU host that runs it: a runtime
-            # missing from PATH here is a warning; a `binary:` that does not exist is not.
-            problems.append(Problem(("binary",), str(exc)) if target.binary else
-                            Problem((), f"{exc} (the target cannot start on this machine)",
-                                    "warning"))
-        return problems
+        return problems + cls.check_binary_found(target)
 
     # --- naming and files ---
 
@@ -174,12 +158,7 @@ class OllamaBackend(Backend):
         env["OLLAMA_KEEP_ALIVE"] = str(self.keep_alive)
         if "models_dir" in t.options:
             env["OLLAMA_MODELS"] = str(Path(str(t.options["models_dir"])).expanduser())
-        if t.gpus == "none":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        elif placement is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
-        elif isinstance(t.gpus, tuple):
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
+        env.update(self.cuda_env(placement))
         # A new server process: its counters start from zero, and the model is created and
         # loaded again once it answers.
         self._epoch, self._prepare, self.size_vram = time.time(), None, None

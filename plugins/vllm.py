@@ -32,7 +32,6 @@ from supervisor.backend import (
 )
 from supervisor.config.schema import Target
 from supervisor.config.yamlsource import Problem
-from supervisor.errors import SpecfleetError
 from supervisor.hookspecs import hookimpl
 
 # Our method names -> vLLM's SpeculativeConfig.method.
@@ -41,8 +40,9 @@ METHOD = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "mtp": "
 # num_speculative_tokens when length.start is unset (vLLM requires it for most methods).
 DEFAULT_LENGTH = {"draft": 5, "eagle": 3, "eagle3": 3, "dflash": 5, "mtp": 1, "ngram": 5,
                   "suffix": 24}
-OPTIONS = {"prompt_lookup_min": int, "prompt_lookup_max": int,
-           "draft_tensor_parallel_size": int, "served_model_name": str}
+OPTIONS: dict[str, tuple[type, ...]] = {
+    "prompt_lookup_min": (int,), "prompt_lookup_max": (int,),
+    "draft_tensor_parallel_size": (int,), "served_model_name": (str,)}
 MANAGED_FLAGS = {
     "--host": "host:", "--port": "port:", "--speculative-config": "speculation:",
     "--spec-method": "speculation.method:", "--spec-model": "speculation.draft:",
@@ -95,15 +95,7 @@ class VllmBackend(Backend):
 
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
-        problems = []
-        for key, value in target.options.items():
-            kind = OPTIONS.get(key)
-            if kind is None:
-                problems.append(Problem(("options", key), f"unknown vllm option; valid: "
-                                        f"{', '.join(sorted(OPTIONS))}"))
-            elif not isinstance(value, kind) or isinstance(value, bool):
-                problems.append(Problem(("options", key), f"expected {kind.__name__}, got "
-                                        f"{value!r}"))
+        problems = cls.check_options(target, OPTIONS)
         lo, hi = target.options.get("prompt_lookup_min"), target.options.get("prompt_lookup_max")
         if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
             problems.append(Problem(("options", "prompt_lookup_min"),
@@ -128,15 +120,7 @@ class VllmBackend(Backend):
             if flag in MANAGED_FLAGS:
                 problems.append(Problem(("args", i), f"{flag} is managed by specfleet; set "
                                         f"{MANAGED_FLAGS[flag]} instead"))
-        try:
-            cls(target).resolve_binary()
-        except SpecfleetError as exc:
-            # A fleet file is often checked away from the GPU host that runs it: a runtime
-            # missing from PATH here is a warning; a `binary:` that does not exist is not.
-            problems.append(Problem(("binary",), str(exc)) if target.binary else
-                            Problem((), f"{exc} (the target cannot start on this machine)",
-                                    "warning"))
-        return problems
+        return problems + cls.check_binary_found(target)
 
     @property
     def served_name(self) -> str:
@@ -169,12 +153,7 @@ class VllmBackend(Backend):
             argv += ["--gpu-memory-utilization", f"{placement.memory_fraction:.3f}"]
         argv += list(t.args)
         env = dict(t.env)
-        if t.gpus == "none":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        elif placement is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
-        elif isinstance(t.gpus, tuple):
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
+        env.update(self.cuda_env(placement))
         secret: frozenset[str] = frozenset()
         if t.api_key is not None:
             env["VLLM_API_KEY"] = self.api_key() or ""  # vLLM reads it; argv is public

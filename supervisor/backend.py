@@ -9,7 +9,6 @@ log lines; it only calls these methods.
 from __future__ import annotations
 
 import enum
-import os
 import shlex
 import shutil
 import time
@@ -21,6 +20,7 @@ from typing import ClassVar
 import aiohttp
 
 from supervisor import modelfacts, pairing
+from supervisor.atomicfile import write_text
 from supervisor.config.schema import METHODS_WITH_DRAFT_FILE, Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
@@ -36,6 +36,11 @@ class LaunchSpec:
     secret_env: frozenset[str] = frozenset()  # names in env whose values must not be shown
     files: Mapping[str, str] = field(default_factory=dict)  # path -> content, written first
     cwd: str | None = None
+
+    def write_files(self) -> None:
+        """Write the files the launch needs (an Ollama Modelfile), each atomically."""
+        for path, content in self.files.items():
+            write_text(Path(path), content)
 
     def shell_line(self) -> str:
         """The command as a sysadmin would type it; secret values masked."""
@@ -189,6 +194,42 @@ class Backend:
         `placement` is the planner's choice of GPUs (and memory share) when it made one."""
         raise NotImplementedError
 
+    def cuda_env(self, placement: Assignment | None) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES for the target: none, the planner's GPUs, or the file's."""
+        gpus = self.target.gpus
+        if gpus == "none":
+            return {"CUDA_VISIBLE_DEVICES": ""}
+        chosen = placement.gpus if placement is not None else gpus
+        if isinstance(chosen, tuple):
+            return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
+        return {}
+
+    @staticmethod
+    def check_options(target: Target, allowed: Mapping[str, tuple[type, ...]]) -> list[Problem]:
+        """Problems with `options:`: unknown keys and wrong types (a bool is no int)."""
+        problems = []
+        for key, value in target.options.items():
+            kinds = allowed.get(key)
+            if kinds is None:
+                problems.append(Problem(("options", key), f"unknown {target.backend} option; "
+                                        f"valid: {', '.join(sorted(allowed))}"))
+            elif not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+                problems.append(Problem(("options", key), f"expected "
+                                        f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}"))
+        return problems
+
+    @classmethod
+    def check_binary_found(cls, target: Target) -> list[Problem]:
+        """For runtimes usually checked away from the GPU host that runs them: a runtime
+        missing from PATH here is a warning; a `binary:` that does not exist is an error."""
+        try:
+            cls(target).resolve_binary()
+        except SpecfleetError as exc:
+            if target.binary:
+                return [Problem(("binary",), str(exc))]
+            return [Problem((), f"{exc} (the target cannot start on this machine)", "warning")]
+        return []
+
     # --- models: pairing guard, memory estimate, run record ---
 
     def model_files(self) -> dict[str, str]:
@@ -220,20 +261,7 @@ class Backend:
     def api_key(self) -> str | None:
         """Read the API key from its source; never log the result."""
         source = self.target.api_key
-        if source is None:
-            return None
-        if source.env is not None:
-            value = os.environ.get(source.env)
-            if value is None:
-                raise SpecfleetError(
-                    f"target '{self.target.name}': api_key.env names {source.env}, which is not set")
-            return value
-        try:
-            return Path(str(source.file)).expanduser().read_text().strip()
-        except OSError as exc:
-            raise SpecfleetError(
-                f"target '{self.target.name}': cannot read api_key.file {source.file}: "
-                f"{exc.strerror}") from exc
+        return None if source is None else source.read(f"target '{self.target.name}': api_key")
 
     def openai_model(self) -> str | None:
         """The `model` the runtime's OpenAI-compatible API expects for this target, or None

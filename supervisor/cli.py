@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from supervisor import __version__, gpus, placement, statusfile, statusview
+from supervisor.atomicfile import write_text
 from supervisor.config.loader import LoadedFleet, load_fleet
-from supervisor.config.schema import Fleet, default_state_dir
+from supervisor.config.schema import default_state_dir
 from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.registry import BackendRegistry, default_registry
 
@@ -113,7 +113,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = statusfile.read(state_dir)
     token = None
     if args.file:
-        token = _api_token(load_fleet(args.file).fleet)
+        from supervisor.api.server import read_api_token
+
+        token = read_api_token(load_fleet(args.file).fleet)
     if status is not None:
         status["source"] = f"file {state_dir / statusfile.STATUS_FILE}"
         if statusfile.daemon_alive(status.get("daemon", {})):
@@ -141,18 +143,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print(statusview.render(status, alive))
     return 0 if alive else 3
-
-
-def _api_token(fleet: Fleet) -> str | None:
-    source = fleet.daemon.api_token
-    if source is None:
-        return None
-    if source.env:
-        return os.environ.get(source.env)
-    try:
-        return Path(str(source.file)).expanduser().read_text().strip()
-    except OSError:
-        return None
 
 
 def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any] | None:
@@ -286,11 +276,7 @@ def cmd_units(args: argparse.Namespace) -> int:
     for name, text in files.items():
         path = (launcher.env_dir if name in secrets else launcher.unit_dir) / name
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                         0o600 if name in secrets else 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+            write_text(path, text, 0o600 if name in secrets else 0o644)
         except OSError as exc:
             raise SpecfleetError(f"cannot write {path}: {exc.strerror} (system units need root; "
                                  "--user writes user units)") from exc

@@ -21,7 +21,7 @@ import psutil
 
 from supervisor import __version__, statusfile
 from supervisor.api.proxy import Proxy
-from supervisor.api.server import ApiServer
+from supervisor.api.server import ApiServer, read_api_token
 from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.errors import FleetFileError, SpecfleetError
@@ -264,15 +264,7 @@ class Daemon:
 
     def api_token(self) -> str | None:
         """The API token, read from its source each time (a rotated file takes effect)."""
-        source = self.fleet.daemon.api_token
-        if source is None:
-            return None
-        if source.env is not None:
-            return os.environ.get(source.env) or None
-        try:
-            return Path(str(source.file)).expanduser().read_text().strip() or None
-        except OSError:
-            return None
+        return read_api_token(self.fleet)
 
     def daemon_info(self) -> dict[str, Any]:
         return {"status": "ok", "pid": os.getpid(), "create_time": self._create_time,

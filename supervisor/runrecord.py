@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomicfile import write_json
+from supervisor.atomicfile import write_json, write_text
 from supervisor.backend import LaunchSpec, RuntimeInfo
 
 HISTORY = 50
@@ -142,9 +142,7 @@ class RunRecorder:
             lines.append(json.dumps(data))
         elif lines:
             lines[-1] = json.dumps(data)  # the digests of the latest launch are now known
-        tmp = history.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in lines[-HISTORY:]))
-        os.replace(tmp, history)
+        write_text(history, "".join(line + "\n" for line in lines[-HISTORY:]))
 
     async def close(self) -> None:
         """Stop digests still being computed (daemon shutdown); records keep sha256 null."""

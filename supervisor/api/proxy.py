@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from supervisor.api.server import auth_middleware, errors_as_json, json_error
+from supervisor.api.server import auth_middleware, errors_as_json, json_error, serve
 
 if TYPE_CHECKING:
     from supervisor.daemon import Daemon
@@ -51,10 +51,7 @@ class Proxy:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
-        host, _, port = address.rpartition(":")
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+        self._runner = await serve(self.app, address)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -20,6 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from supervisor import __version__
 from supervisor.api import litellm
 from supervisor.api.promexport import registry_for
+from supervisor.config.schema import Fleet
+from supervisor.errors import SpecfleetError
 from supervisor.events import Event
 
 if TYPE_CHECKING:
@@ -29,8 +31,29 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = {"/healthz"}
 
 
+def read_api_token(fleet: Fleet) -> str | None:
+    """The configured API token, read on each use (a rotated file takes effect at once);
+    None when none is configured or its source is empty or unreadable."""
+    source = fleet.daemon.api_token
+    if source is None:
+        return None
+    try:
+        return source.read("daemon.api_token") or None
+    except SpecfleetError:
+        return None
+
+
 def json_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+async def serve(app: web.Application, address: str) -> web.AppRunner:
+    """Listen on HOST:PORT; the runner's cleanup() stops it."""
+    host, _, port = address.rpartition(":")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+    return runner
 
 
 def auth_middleware(token: Callable[[], str | None], open_paths: set[str]) -> Any:
@@ -72,10 +95,7 @@ class ApiServer:
         self._metrics = registry_for(daemon)
 
     async def start(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+        self._runner = await serve(self.app, address)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from supervisor.config.units import parse_duration, parse_fraction, parse_size
+from supervisor.errors import SpecfleetError
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0, le=1)]
@@ -93,6 +94,19 @@ class ApiKey(_Strict):
         if (self.env is None) == (self.file is None):
             raise ValueError("give exactly one of env: VARIABLE or file: /path/to/key")
         return self
+
+    def read(self, where: str) -> str:
+        """The secret itself; `where` names the setting in the message when it is missing.
+        Read on every use, so a rotated key file takes effect without a restart."""
+        if self.env is not None:
+            value = os.environ.get(self.env)
+            if value is None:
+                raise SpecfleetError(f"{where}.env names {self.env}, which is not set")
+            return value
+        try:
+            return Path(str(self.file)).expanduser().read_text().strip()
+        except OSError as exc:
+            raise SpecfleetError(f"cannot read {where}.file {self.file}: {exc.strerror}") from exc
 
 
 class Restart(_Strict):

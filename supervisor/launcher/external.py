@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 
 from supervisor.backend import LaunchSpec
 
@@ -55,9 +54,7 @@ class ExternalLauncher:
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> AttachedServer:
-        for path, content in spec.files.items():
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(content)
+        spec.write_files()
         return AttachedServer()
 
     async def adopt(self, name: str, spec: LaunchSpec, *,

@@ -202,9 +202,7 @@ class ProcessLauncher:
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> ChildProcess:
-        for path, content in spec.files.items():
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(content)
+        spec.write_files()
         log = OutputLog(self.log_path(name), self.max_bytes, self.backups)
         log.write(f"--- specfleet: starting {spec.shell_line()} ---", keep=False)
         parent = os.getpid()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from supervisor.atomicfile import write_text
 from supervisor.backend import LaunchSpec
 from supervisor.config.schema import SystemdSettings
 from supervisor.errors import SpecfleetError
@@ -182,8 +183,7 @@ class SystemdLauncher:
         """`on_line` is not fed: the output goes to the journal, not through specfleet."""
         await self.connect()
         unit = units.unit_name(name)
-        for path, content in spec.files.items():
-            _write_if_changed(Path(path), content, 0o644)
+        spec.write_files()
         await self._install(name, spec, stop_grace)
         await self.manager.reset_failed(unit)
         result = await self.manager.run_job("StartUnit", unit)
@@ -263,11 +263,5 @@ def _write_if_changed(path: Path, text: str, mode: int) -> bool:
             return False
     except OSError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_text(path, text, mode)
     return True
