@@ -250,6 +250,9 @@ class Daemon:
 
     async def _listen(self) -> None:
         settings = self.fleet.daemon
+        if settings.api_token is not None and not settings.api_token.read("daemon.api_token"):
+            raise SpecfleetError("daemon.api_token is empty: set the token (the API and the "
+                                 "proxy would refuse every request)")
         try:
             await self.api.start(settings.api)
             if settings.proxy.enabled:

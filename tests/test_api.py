@@ -246,3 +246,15 @@ def test_the_grafana_dashboard_uses_only_metrics_specfleet_exports():
     used = {name for p in dashboard["panels"] for t in p["targets"]
             for name in re.findall(r"specfleet_\w+", t["expr"])}
     assert used and used <= exported, used - exported
+
+
+def test_a_configured_token_that_cannot_be_read_stops_the_start_instead_of_opening_the_api(
+        tmp_path, model, llama_server_bin, monkeypatch):
+    monkeypatch.delenv("SF_MISSING_TOKEN", raising=False)
+    fleet = write_fleet(tmp_path, {"alpha": llama_target(model, llama_server_bin)},
+                        api_token={"env": "SF_MISSING_TOKEN"})
+    done = subprocess.run([sys.executable, "-m", "supervisor", "run", str(fleet)],
+                          capture_output=True, text=True, cwd=REPO, check=False, timeout=60)
+    assert done.returncode == 1
+    assert "daemon.api_token.env names SF_MISSING_TOKEN, which is not set" in done.stderr
+    assert "Traceback" not in done.stderr

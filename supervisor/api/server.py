@@ -32,15 +32,16 @@ OPEN_PATHS = {"/healthz"}
 
 
 def read_api_token(fleet: Fleet) -> str | None:
-    """The configured API token, read on each use (a rotated file takes effect at once);
-    None when none is configured or its source is empty or unreadable."""
+    """The configured API token, read on each use (a rotated file takes effect at once).
+    None only when no token is configured; a configured token that is empty or cannot be
+    read is "", which no request matches: the API fails closed, never open."""
     source = fleet.daemon.api_token
     if source is None:
         return None
     try:
-        return source.read("daemon.api_token") or None
+        return source.read("daemon.api_token")
     except SpecfleetError:
-        return None
+        return ""
 
 
 def json_error(status: int, message: str) -> web.Response:
@@ -60,9 +61,10 @@ def auth_middleware(token: Callable[[], str | None], open_paths: set[str]) -> An
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         expected = token()
-        if expected and request.path not in open_paths:
+        if expected is not None and request.path not in open_paths:
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+            if not expected or not hmac.compare_digest(given.encode(),
+                                                       f"Bearer {expected}".encode()):
                 return json_error(401, "missing or wrong token (Authorization: Bearer ...)")
         return await handler(request)
     return check
