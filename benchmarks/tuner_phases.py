@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from supervisor import provision  # noqa: E402
-from supervisor.workloads import BUILT_IN  # noqa: E402
+from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 
 PHASES = ["code", "prose", "code"]
 SWEEPS = {"ngram-mod": [None, 4, 8, 16, 32, 64],  # None: speculation off

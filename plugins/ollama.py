@@ -29,21 +29,27 @@ from typing import Any
 
 import aiohttp
 
-from supervisor import modelfacts, oom, vram
-from supervisor.backend import (
+from supervisor.plugin import (
+    GPU_RUNTIME_OVERHEAD,
+    Assignment,
     Backend,
+    ContextSettings,
+    Estimate,
     Failure,
     FailureKind,
     Generation,
     LaunchSpec,
     MetricsSample,
     Probe,
+    Problem,
     Readiness,
+    SpecfleetError,
+    Target,
+    find_out_of_memory,
+    hookimpl,
+    llamacpp_model,
+    read_model_facts,
 )
-from supervisor.config.schema import Target
-from supervisor.config.yamlsource import Problem
-from supervisor.errors import SpecfleetError
-from supervisor.hookspecs import hookimpl
 
 OPTIONS: dict[str, tuple[type, ...]] = {
     "models_dir": (str,), "modelfile_dir": (str,), "model_name": (str,),
@@ -150,7 +156,7 @@ class OllamaBackend(Backend):
                 if Path(path).is_file()}
 
     def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
-                    placement: vram.Assignment | None = None) -> LaunchSpec:
+                    placement: Assignment | None = None) -> LaunchSpec:
         t = self.target
         host = f"[{t.host}]" if ":" in t.host else t.host
         env = dict(t.env)
@@ -171,15 +177,15 @@ class OllamaBackend(Backend):
             return LaunchSpec((f"(the Ollama server at {t.base_url})",), {}, files=files)
         return LaunchSpec((self.command_binary(), "serve"), env, files=files)
 
-    def memory_estimate(self, on_gpu: bool) -> vram.Estimate | None:
+    def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         files = self.model_files()
         if "model" not in files:
             return None
-        settings = vram.ContextSettings(ctx=self.target.options.get("num_ctx", 4096), parallel=1)
-        estimate = vram.llamacpp_model(modelfacts.read(files["model"]), settings, "target")
+        settings = ContextSettings(ctx=self.target.options.get("num_ctx", 4096), parallel=1)
+        estimate = llamacpp_model(read_model_facts(files["model"]), settings, "target")
         if "draft" in files:
-            estimate += vram.llamacpp_model(modelfacts.read(files["draft"]), settings, "draft")
-        return estimate + vram.Estimate(overhead=vram.GPU_RUNTIME_OVERHEAD if on_gpu else 0)
+            estimate += llamacpp_model(read_model_facts(files["draft"]), settings, "draft")
+        return estimate + Estimate(overhead=GPU_RUNTIME_OVERHEAD if on_gpu else 0)
 
     # --- readiness: server up, then the model created and loaded ---
 
@@ -255,7 +261,7 @@ class OllamaBackend(Backend):
                           int(data.get("eval_duration", 0)) / 1e9)
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
-        if message := oom.search(output_tail):
+        if message := find_out_of_memory(output_tail):
             return Failure(FailureKind.OUT_OF_MEMORY, f"out of memory: {message}")
         if "address already in use" in output_tail:
             return Failure(FailureKind.PORT_IN_USE, f"ollama serve could not bind "

@@ -18,21 +18,27 @@ from typing import Any
 
 import aiohttp
 
-from plugins.llamacpp import dense_positions
-from supervisor import modelfacts, oom, promtext, vram
-from supervisor.backend import (
+from supervisor.plugin import (
+    Assignment,
     Backend,
+    Estimate,
     Failure,
     FailureKind,
     Generation,
+    GiB,
     LaunchSpec,
     MetricsSample,
+    ModelFacts,
     Probe,
+    Problem,
     Readiness,
+    Target,
+    dense_positions,
+    find_out_of_memory,
+    hookimpl,
+    parse_prometheus,
+    read_model_facts,
 )
-from supervisor.config.schema import Target
-from supervisor.config.yamlsource import Problem
-from supervisor.hookspecs import hookimpl
 
 # Our method names -> vLLM's SpeculativeConfig.method.
 METHOD = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
@@ -51,7 +57,7 @@ MANAGED_FLAGS = {
     "--gpu-memory-utilization": "the VRAM planner (daemon.gpu)",
 }
 # vLLM's own allowance beyond weights and KV: CUDA graphs, activations, the CUDA context.
-RUNTIME_ALLOWANCE = 2 * vram.GiB
+RUNTIME_ALLOWANCE = 2 * GiB
 
 _MISSING_MODEL = re.compile(
     r"[^\n]*(?:is not a local folder and is not a valid model identifier|"
@@ -141,7 +147,7 @@ class VllmBackend(Backend):
         return 64 if self.target.speculation.method in ("ngram", "suffix") else 16
 
     def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
-                    placement: vram.Assignment | None = None) -> LaunchSpec:
+                    placement: Assignment | None = None) -> LaunchSpec:
         t = self.target
         model = str(Path(t.model).expanduser()) if _looks_local(t.model) else t.model
         argv = [self.command_binary(), "serve", model, "--host", t.host, "--port", str(t.port),
@@ -166,18 +172,18 @@ class VllmBackend(Backend):
         config = spec.argv[spec.argv.index("--speculative-config") + 1]
         return ["--speculative-config " + json.dumps(json.loads(config), indent=2)]
 
-    def memory_estimate(self, on_gpu: bool) -> vram.Estimate | None:
+    def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         files = self.model_files()
         if "model" not in files or not Path(files["model"]).is_dir():
             return None
-        facts = modelfacts.read(files["model"])
+        facts = read_model_facts(files["model"])
         max_len = _flag_int(self.target.args, "--max-model-len") or facts.context_length or 4096
-        estimate = vram.Estimate(weights=facts.weight_bytes, kv=_kv_bytes(facts, max_len),
+        estimate = Estimate(weights=facts.weight_bytes, kv=_kv_bytes(facts, max_len),
                                  parts=(("target weights", facts.weight_bytes),))
         if "draft" in files and Path(files["draft"]).is_dir():
-            draft = modelfacts.read(files["draft"])
-            estimate += vram.Estimate(weights=draft.weight_bytes, kv=_kv_bytes(draft, max_len))
-        return estimate + vram.Estimate(overhead=RUNTIME_ALLOWANCE if on_gpu else 0)
+            draft = read_model_facts(files["draft"])
+            estimate += Estimate(weights=draft.weight_bytes, kv=_kv_bytes(draft, max_len))
+        return estimate + Estimate(overhead=RUNTIME_ALLOWANCE if on_gpu else 0)
 
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
         async with http.get(f"{self.target.base_url}/health") as resp:
@@ -200,7 +206,7 @@ class VllmBackend(Backend):
                                              sampling)
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
-        if message := oom.search(output_tail):
+        if message := find_out_of_memory(output_tail):
             return Failure(FailureKind.OUT_OF_MEMORY, f"out of memory: {message}")
         if m := _MISSING_MODEL.search(output_tail):
             return Failure(FailureKind.LOAD_ERROR, f"vLLM cannot find the model: "
@@ -215,7 +221,7 @@ class VllmBackend(Backend):
 
 def parse_metrics(text: str) -> MetricsSample:
     """vLLM's /metrics: counters per engine (label `engine`), summed over engines."""
-    s = promtext.parse(text)
+    s = parse_prometheus(text)
     started = s.by_name.get("process_start_time_seconds")
     tokens = s.total("vllm:request_generation_tokens_sum") if \
         "vllm:request_generation_tokens_sum" in s else s.total("vllm:generation_tokens_total")
@@ -243,7 +249,7 @@ def _flag_int(args: tuple[str, ...], flag: str) -> int | None:
     return None
 
 
-def _kv_bytes(facts: modelfacts.ModelFacts, tokens: int) -> int:
+def _kv_bytes(facts: ModelFacts, tokens: int) -> int:
     """K and V in 16-bit for `tokens` positions: vLLM needs at least one full-length sequence."""
     per_token = 2 * (facts.block_count or 0) * (facts.head_count_kv or 0) * (
         facts.key_length or 0) * 2

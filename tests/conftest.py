@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from supervisor import provision
+from plugins.llamacpp import provision
 
 REPO = Path(__file__).resolve().parent.parent
 # The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from plugins.llamacpp import LlamaCppBackend
-from supervisor.autotune import AutoTuner
-from supervisor.backend import MetricsSample, RuntimeInfo
+from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.config.schema import Target
-from supervisor.tuner import TunerMemory, TuningStore
+from supervisor.plugin.backend import MetricsSample, RuntimeInfo
+from supervisor.tuning.autotuner import AutoTuner
+from supervisor.tuning.decisions import TunerMemory, TuningStore
 
 
 def make(tmp_path, **tuning) -> tuple[AutoTuner, list[tuple[str, str, dict]]]:

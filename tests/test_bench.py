@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from supervisor.bench import OFF, RunResult, recommend, summarize, sweep_lengths
+from supervisor.bench.runner import OFF, RunResult, recommend, summarize, sweep_lengths
 from tests.conftest import REPO, free_port
 
 

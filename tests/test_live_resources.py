@@ -11,8 +11,8 @@ import sys
 
 import psutil
 
-from supervisor import gpus
-from supervisor.monitor import _Trees, headroom_alerts, read_all
+from supervisor.gpu import nvml as gpus
+from supervisor.gpu.monitor import _Trees, headroom_alerts, read_all
 from tests.conftest import REPO, llama_target, wait_for, write_fleet
 
 

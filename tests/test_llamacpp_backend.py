@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from plugins.llamacpp import LlamaCppBackend, check_help_text, method_args, parse_metrics
-from supervisor.backend import FailureKind
+from plugins.llamacpp.backend import LlamaCppBackend, check_help_text, method_args, parse_metrics
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
+from supervisor.plugin.backend import FailureKind
 
 
 def target(**over) -> Target:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import stat
 
-from supervisor import oom
+from supervisor.gpu import oom
 from tests.conftest import llama_target, write_fleet
 
 CUDA_OOM = """\

@@ -6,8 +6,9 @@ import gguf
 import pytest
 import yaml
 
-from supervisor import modelfacts, pairing
-from supervisor.cli import main
+from supervisor.cli.main import main
+from supervisor.models import facts as modelfacts
+from supervisor.models import pairing
 from tests.ggufs import VOCAB, write_model
 
 F16 = gguf.GGMLQuantizationType.F16

@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from supervisor.backend import LaunchSpec
 from supervisor.launcher.process import ChildRegistry, ProcessLauncher
+from supervisor.plugin.backend import LaunchSpec
 from tests.conftest import REPO, wait_for
 
 
@@ -79,7 +79,7 @@ async def test_environment_and_files_reach_the_child(tmp_path):
 DAEMON_STANDIN = """
 import asyncio, sys
 from pathlib import Path
-from supervisor.backend import LaunchSpec
+from supervisor.plugin.backend import LaunchSpec
 from supervisor.launcher.process import ProcessLauncher
 
 async def main():

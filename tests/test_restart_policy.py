@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.backend import Failure, FailureKind
 from supervisor.config.schema import Health, Restart
-from supervisor.policy import LivenessTracker, after_failure
+from supervisor.plugin.backend import Failure, FailureKind
+from supervisor.target.restart_policy import LivenessTracker, after_failure
 
 CRASH = Failure(FailureKind.CRASH, "llama-server killed by signal SIGKILL")
 NO_JITTER = Restart(jitter=0.0)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from supervisor.systemd import units
+from supervisor.launcher.systemd import units
 from tests.conftest import (
     REPO,
     llama_target,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from supervisor.acceptance import WindowStats
 from supervisor.config.schema import Tuning
-from supervisor.tuner import BASELINE, OFF, SPECULATING, Bounds, TunerMemory, plan
+from supervisor.tuning.decisions import BASELINE, OFF, SPECULATING, Bounds, TunerMemory, plan
+from supervisor.tuning.window import WindowStats
 
 SETTINGS = Tuning(min_tokens=100, min_steps=20, cooldown=60, reprobe=600)
 BOUNDS = Bounds(current=4, low=1, high=16, tunable=True)

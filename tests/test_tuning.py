@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from supervisor.acceptance import AcceptanceWindow
-from supervisor.backend import MetricsSample
-from supervisor.drift import PageHinkley
-from supervisor.tuning import Evidence, choose, expected_accepted, fit_decay, predict_speedup
+from supervisor.plugin.backend import MetricsSample
+from supervisor.tuning.drift import PageHinkley
+from supervisor.tuning.speedup import Evidence, choose, expected_accepted, fit_decay, predict_speedup
+from supervisor.tuning.window import AcceptanceWindow
 
 
 def geometric(p0: float, r: float, k: int) -> tuple[float, ...]:
@@ -157,7 +157,7 @@ def test_window_is_bounded_by_steps_and_age():
 
 
 def test_two_measured_lengths_separate_fixed_step_overhead_from_per_token_cost():
-    from supervisor.tuning import Measurement, fit_cost
+    from supervisor.tuning.speedup import Measurement, fit_cost
 
     def at(d: float, a: float, b: float, f: float = 0.3, acc: float | None = None) -> Measurement:
         acc = d if acc is None else acc
@@ -171,7 +171,7 @@ def test_two_measured_lengths_separate_fixed_step_overhead_from_per_token_cost()
 
 
 def test_measured_lengths_outrank_the_model():
-    from supervisor.tuning import Measurement
+    from supervisor.tuning.speedup import Measurement
 
     truth = geometric(0.95, 0.95, 32)
     ev = evidence_for(truth, 4, cost=0.05)

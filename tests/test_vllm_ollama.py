@@ -18,10 +18,10 @@ import pytest
 
 from plugins.ollama import OllamaBackend
 from plugins.vllm import VllmBackend, parse_metrics, speculative_config
-from supervisor.acceptance import delta_between
-from supervisor.backend import FailureKind, MetricsSample
 from supervisor.config.schema import Target
-from supervisor.vram import Assignment
+from supervisor.gpu.vram import Assignment
+from supervisor.plugin.backend import FailureKind, MetricsSample
+from supervisor.tuning.window import delta_between
 from tests.conftest import FAST_HEALTH, FAST_RESTART, REPO, free_port, wait_for, write_fleet
 
 FIXTURES = REPO / "tests" / "fixtures"

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from plugins.llamacpp import LlamaCppBackend, context_settings
-from supervisor import gpus, modelfacts, vram
-from supervisor.cli import main
+from plugins.llamacpp.backend import LlamaCppBackend, context_settings
+from supervisor.cli.main import main
 from supervisor.config.schema import Target
-from supervisor.vram import ContextSettings, Demand, Device, Estimate, GiB, MiB
+from supervisor.gpu import nvml as gpus
+from supervisor.gpu import vram
+from supervisor.gpu.vram import ContextSettings, Demand, Device, Estimate, GiB, MiB
+from supervisor.models import facts as modelfacts
 from tests.conftest import free_port, llama_target, wait_for, write_fleet
 
 

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import aiohttp
 
-from supervisor.backend import Backend, LaunchSpec, Probe, Readiness
-from supervisor.config.schema import Target
-from supervisor.config.yamlsource import Problem
-from supervisor.hookspecs import hookimpl
+from supervisor.plugin import (
+    Backend,
+    LaunchSpec,
+    Probe,
+    Problem,
+    Readiness,
+    Target,
+    hookimpl,
+)
 
 
 class OpenAICommandBackend(Backend):

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from supervisor import __version__
-from supervisor.states import State
+from supervisor.target.states import State
 
 if TYPE_CHECKING:
-    from supervisor.daemon import Daemon
+    from supervisor.daemon.lifecycle import Daemon
 
 LABELS = ["target", "backend"]
 

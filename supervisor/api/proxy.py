@@ -22,8 +22,8 @@ from aiohttp import web
 from supervisor.api.server import auth_middleware, errors_as_json, json_error, serve
 
 if TYPE_CHECKING:
-    from supervisor.daemon import Daemon
-    from supervisor.target import TargetSupervisor
+    from supervisor.daemon.lifecycle import Daemon
+    from supervisor.target.supervisor import TargetSupervisor
 
 # Hop-by-hop and length headers are the proxy's own business, not passed through.
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",

@@ -25,7 +25,7 @@ from supervisor.errors import SpecfleetError
 from supervisor.events import Event
 
 if TYPE_CHECKING:
-    from supervisor.daemon import Daemon
+    from supervisor.daemon.lifecycle import Daemon
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = {"/healthz"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from supervisor.backend import LaunchSpec
+from supervisor.plugin.backend import LaunchSpec
 
 
 class RunningProcess(Protocol):

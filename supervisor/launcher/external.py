@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from supervisor.backend import LaunchSpec
+from supervisor.plugin.backend import LaunchSpec
 
 
 class AttachedServer:

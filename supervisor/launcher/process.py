@@ -26,9 +26,9 @@ from pathlib import Path
 
 import psutil
 
-from supervisor import oom
 from supervisor.atomicfile import write_json
-from supervisor.backend import LaunchSpec
+from supervisor.gpu import oom
+from supervisor.plugin.backend import LaunchSpec
 
 PR_SET_PDEATHSIG = 1
 _TAIL_LINES = 200

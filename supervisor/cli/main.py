@@ -11,15 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from supervisor import __version__, gpus, placement, statusfile, statusview
+from supervisor import __version__
 from supervisor.atomicfile import write_text
+from supervisor.cli import statusview
 from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import default_state_dir
+from supervisor.daemon import statusfile
 from supervisor.errors import FleetFileError, SpecfleetError
-from supervisor.registry import BackendRegistry, default_registry
+from supervisor.gpu import nvml as gpus
+from supervisor.gpu import placement
+from supervisor.plugin.registry import BackendRegistry, default_registry
 
 if TYPE_CHECKING:
-    from supervisor.launcher.systemd import SystemdLauncher
+    from supervisor.launcher.systemd.launcher import SystemdLauncher
 
 DESCRIPTION = """\
 specfleet supervises local LLM servers that use speculative decoding.
@@ -94,8 +98,8 @@ def _running_fleet_vram(state_dir: str) -> dict[int, int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from supervisor.daemon import Daemon
-    from supervisor.logs import configure
+    from supervisor.daemon.lifecycle import Daemon
+    from supervisor.daemon.logs import configure
 
     configure(json_lines=args.json_logs)
     registry = default_registry()
@@ -126,7 +130,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     alive = statusfile.daemon_alive(status.get("daemon", {}))
     if args.target:
-        from supervisor import runrecord
+        from supervisor.target import runrecord
 
         target = next((t for t in status.get("targets", []) if t["name"] == args.target), None)
         if target is None:
@@ -186,7 +190,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import time
 
-    from supervisor import bench, workloads
+    from supervisor.bench import runner as bench
+    from supervisor.bench import workloads
 
     registry = default_registry()
     fleet = _load(args.file, registry).fleet
@@ -230,8 +235,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _unit_files(args: argparse.Namespace,
                 every_target: bool) -> tuple[SystemdLauncher, dict[str, str]]:
     """(launcher, {file name: text}) for the daemon and the fleet's targets."""
-    from supervisor.launcher.systemd import SystemdLauncher
-    from supervisor.systemd import units
+    from supervisor.launcher.systemd import units
+    from supervisor.launcher.systemd.launcher import SystemdLauncher
 
     registry = default_registry()
     fleet_path = Path(args.file).resolve()
@@ -294,7 +299,7 @@ def cmd_units(args: argparse.Namespace) -> int:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    from supervisor import provision
+    from plugins.llamacpp import provision
 
     print(f"llama-server: {provision.build_llama_server(jobs=args.jobs)}")
     if not args.no_model:

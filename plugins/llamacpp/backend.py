@@ -18,22 +18,30 @@ from pathlib import Path
 
 import aiohttp
 
-from supervisor import modelfacts, oom, promtext, provision, vram
-from supervisor.backend import (
+from plugins.llamacpp import provision
+from supervisor.plugin import (
+    GPU_RUNTIME_OVERHEAD,
+    Assignment,
     Backend,
+    ContextSettings,
+    Estimate,
     Failure,
     FailureKind,
     Generation,
     LaunchSpec,
     MetricsSample,
     Probe,
+    Problem,
     Readiness,
     RuntimeInfo,
+    SpecfleetError,
+    Target,
+    dense_positions,
+    find_out_of_memory,
+    llamacpp_model,
+    parse_prometheus,
+    read_model_facts,
 )
-from supervisor.config.schema import Target
-from supervisor.config.yamlsource import Problem
-from supervisor.errors import SpecfleetError
-from supervisor.hookspecs import hookimpl
 
 SPEC_TYPE = {
     "draft": "draft-simple",
@@ -112,7 +120,7 @@ def method_args(target: Target, draft_length: int | None, speculation: bool = Tr
     return args
 
 
-def context_settings(args: tuple[str, ...] | list[str]) -> vram.ContextSettings:
+def context_settings(args: tuple[str, ...] | list[str]) -> ContextSettings:
     """The memory-sizing settings that a target's `args:` give llama-server; pure."""
     found: dict[str, object] = {}
     it = iter(args)
@@ -134,7 +142,7 @@ def context_settings(args: tuple[str, ...] | list[str]) -> vram.ContextSettings:
     parallel = found.pop("parallel", -1)
     auto = not isinstance(parallel, int) or parallel <= 0
     unified = found.pop("unified", auto)  # llama-server unifies the cache when it picks -np
-    return vram.ContextSettings(parallel=AUTO_PARALLEL if auto else int(parallel),  # type: ignore[arg-type]
+    return ContextSettings(parallel=AUTO_PARALLEL if auto else int(parallel),  # type: ignore[arg-type]
                                 unified=bool(unified), **found)  # type: ignore[arg-type]
 
 
@@ -235,22 +243,22 @@ class LlamaCppBackend(Backend):
             raise SpecfleetError(f"{binary}: {why}")
         return RuntimeInfo(binary, version)
 
-    def memory_estimate(self, on_gpu: bool) -> vram.Estimate | None:
+    def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         files = self.model_files()
         if "model" not in files:
             return None
         settings = context_settings(self.target.args)
         if not on_gpu:
             settings = dataclasses.replace(settings, gpu_layers=None)
-        estimate = vram.llamacpp_model(modelfacts.read(files["model"]), settings, "target")
+        estimate = llamacpp_model(read_model_facts(files["model"]), settings, "target")
         if "draft" in files and self.target.speculation.method != "none":
-            estimate += vram.llamacpp_model(modelfacts.read(files["draft"]), settings, "draft")
+            estimate += llamacpp_model(read_model_facts(files["draft"]), settings, "draft")
         if on_gpu:
-            estimate += vram.Estimate(overhead=vram.GPU_RUNTIME_OVERHEAD)
+            estimate += Estimate(overhead=GPU_RUNTIME_OVERHEAD)
         return estimate
 
     def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
-                    placement: vram.Assignment | None = None) -> LaunchSpec:
+                    placement: Assignment | None = None) -> LaunchSpec:
         t = self.target
         argv = [self.resolve_binary(), "--model", str(Path(t.model).expanduser()),
                 "--host", t.host, "--port", str(t.port), "--metrics",
@@ -297,7 +305,7 @@ class LlamaCppBackend(Backend):
                           int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
-        if message := oom.search(output_tail):
+        if message := find_out_of_memory(output_tail):
             return Failure(FailureKind.OUT_OF_MEMORY, f"out of memory: {message}")
         if _LOAD_ERROR.search(output_tail):
             return Failure(FailureKind.LOAD_ERROR,
@@ -312,7 +320,7 @@ class LlamaCppBackend(Backend):
 
 
 def parse_metrics(text: str, process_start: float | None) -> MetricsSample:
-    s = promtext.parse(text)
+    s = parse_prometheus(text)
     per_pos = s.by_label("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", "position")
     return MetricsSample(
         process_start=process_start,
@@ -326,14 +334,6 @@ def parse_metrics(text: str, process_start: float | None) -> MetricsSample:
         requests_processing=int(s.total("llamacpp:requests_processing")),
         requests_deferred=int(s.total("llamacpp:requests_deferred")),
     )
-
-
-def dense_positions(per_pos: dict[str, float]) -> tuple[int, ...]:
-    """Counts indexed by draft position; a position the runtime did not list counts 0."""
-    if not per_pos:
-        return ()
-    counts = {int(k): int(v) for k, v in per_pos.items()}
-    return tuple(counts.get(i, 0) for i in range(max(counts) + 1))
 
 
 async def _describe(binary: str) -> tuple[str, str]:
@@ -359,8 +359,3 @@ async def _output(binary: str, flag: str) -> str:
         await proc.wait()
         raise SpecfleetError(f"{binary} {flag} did not answer within 60 s") from exc
     return out.decode(errors="replace")
-
-
-@hookimpl
-def register_backends(register) -> None:  # type: ignore[no-untyped-def]
-    register(LlamaCppBackend)

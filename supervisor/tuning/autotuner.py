@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from supervisor.acceptance import AcceptanceWindow
-from supervisor.backend import Backend, MetricsSample, RuntimeInfo
 from supervisor.config.schema import Target
-from supervisor.drift import PageHinkley
-from supervisor.tuner import SPECULATING, Bounds, Decision, TunerMemory, TuningStore, plan
+from supervisor.plugin.backend import Backend, MetricsSample, RuntimeInfo
+from supervisor.tuning.decisions import SPECULATING, Bounds, Decision, TunerMemory, TuningStore, plan
+from supervisor.tuning.drift import PageHinkley
+from supervisor.tuning.window import AcceptanceWindow
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import psutil
 
-from supervisor import gpus, vram
-from supervisor.backend import Backend
 from supervisor.config.schema import GpuSettings
 from supervisor.errors import SpecfleetError, StartRefused
+from supervisor.gpu import nvml as gpus
+from supervisor.gpu import vram
+from supervisor.plugin.backend import Backend
 
 
 @dataclass

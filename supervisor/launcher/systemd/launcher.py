@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.atomicfile import write_text
-from supervisor.backend import LaunchSpec
 from supervisor.config.schema import SystemdSettings
 from supervisor.errors import SpecfleetError
-from supervisor.systemd import units
-from supervisor.systemd.manager import SERVICE, UNIT, SystemdError, SystemdManager
+from supervisor.launcher.systemd import units
+from supervisor.launcher.systemd.manager import SERVICE, UNIT, SystemdError, SystemdManager
+from supervisor.plugin.backend import LaunchSpec
 
 _ACTIVE = ("active", "activating", "reloading", "deactivating")
 _CLD_EXITED = 1

@@ -18,17 +18,17 @@ from typing import Any
 
 import aiohttp
 
-from supervisor import policy
-from supervisor.autotune import AutoTuner
-from supervisor.backend import Backend, Failure, FailureKind, MetricsSample, Readiness
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
+from supervisor.gpu.placement import Placer
 from supervisor.launcher.base import Launcher, RunningProcess
-from supervisor.placement import Placer
-from supervisor.runrecord import RunRecorder
-from supervisor.states import ALLOWED, State
-from supervisor.tuner import TuningStore
+from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample, Readiness
+from supervisor.target import restart_policy as policy
+from supervisor.target.runrecord import RunRecorder
+from supervisor.target.states import ALLOWED, State
+from supervisor.tuning.autotuner import AutoTuner
+from supervisor.tuning.decisions import TuningStore
 
 
 @dataclass(frozen=True)

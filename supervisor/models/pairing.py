@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from supervisor.modelfacts import ModelFacts
+from supervisor.models.facts import ModelFacts
 
 MIN_SIZE_RATIO = 5.0  # a draft should have at most a fifth of the target's parameters
 MAX_VOCAB_DIFFERENCE = 128  # llama.cpp SPEC_VOCAB_MAX_SIZE_DIFFERENCE

@@ -42,3 +42,11 @@ def _samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             yield s.name, dict(s.labels), float(s.value)
+
+
+def dense_positions(per_pos: dict[str, float]) -> tuple[int, ...]:
+    """Counts indexed by draft position; a position the runtime did not list counts 0."""
+    if not per_pos:
+        return ()
+    counts = {int(k): int(v) for k, v in per_pos.items()}
+    return tuple(counts.get(i, 0) for i in range(max(counts) + 1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from supervisor.backend import MetricsSample
+from supervisor.plugin.backend import MetricsSample
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from typing import ClassVar
 
 import aiohttp
 
-from supervisor import modelfacts, pairing
 from supervisor.atomicfile import write_text
 from supervisor.config.schema import METHODS_WITH_DRAFT_FILE, Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
-from supervisor.vram import Assignment, Estimate
+from supervisor.gpu.vram import Assignment, Estimate
+from supervisor.models import facts as modelfacts
+from supervisor.models import pairing
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from typing import Any
 
 import aiohttp
 
-from supervisor.backend import Backend, Readiness
+from supervisor.bench.workloads import Workload
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.launcher.process import ProcessLauncher
-from supervisor.workloads import Workload
+from supervisor.plugin.backend import Backend, Readiness
 
 OFF = "off"
 

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor.acceptance import WindowStats
 from supervisor.atomicfile import write_json
 from supervisor.config.schema import Tuning
-from supervisor.tuning import Evidence, Measurement, choose, measurement
+from supervisor.tuning.speedup import Evidence, Measurement, choose, measurement
+from supervisor.tuning.window import WindowStats
 
 SPECULATING, BASELINE, OFF = "speculating", "baseline", "off"
 

@@ -14,12 +14,12 @@ from types import ModuleType
 
 import pluggy
 
-from supervisor import hookspecs
-from supervisor.backend import Backend
 from supervisor.config.loader import did_you_mean
 from supervisor.config.schema import Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
+from supervisor.plugin import hookspecs
+from supervisor.plugin.backend import Backend
 
 ENTRY_POINT_GROUP = "specfleet.backends"
 

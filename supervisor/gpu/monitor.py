@@ -15,8 +15,9 @@ from typing import Any
 
 import psutil
 
-from supervisor import gpus, vram
 from supervisor.config.schema import GpuSettings
+from supervisor.gpu import nvml as gpus
+from supervisor.gpu import vram
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from supervisor.modelfacts import ModelFacts
+from supervisor.models.facts import ModelFacts
 
 MiB = 1 << 20
 GiB = 1 << 30

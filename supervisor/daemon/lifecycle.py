@@ -19,26 +19,27 @@ from typing import Any
 import aiohttp
 import psutil
 
-from supervisor import __version__, statusfile
+from supervisor import __version__
 from supervisor.api.proxy import Proxy
 from supervisor.api.server import ApiServer, read_api_token
 from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import Fleet, Target
+from supervisor.daemon import statusfile
+from supervisor.daemon.logs import get_logger
+from supervisor.daemon.notify import Notifier
 from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
+from supervisor.gpu.monitor import HeadroomAlert, ResourceMonitor
+from supervisor.gpu.placement import Placer, held_vram
 from supervisor.launcher.base import Launcher
 from supervisor.launcher.external import ExternalLauncher
 from supervisor.launcher.process import ProcessLauncher
-from supervisor.launcher.systemd import SystemdLauncher
-from supervisor.logs import get_logger
-from supervisor.monitor import HeadroomAlert, ResourceMonitor
-from supervisor.placement import Placer, held_vram
-from supervisor.registry import BackendRegistry
-from supervisor.runrecord import RunRecorder
-from supervisor.systemd import units
-from supervisor.systemd.notify import Notifier
-from supervisor.target import TargetSupervisor
-from supervisor.tuner import TuningStore
+from supervisor.launcher.systemd import units
+from supervisor.launcher.systemd.launcher import SystemdLauncher
+from supervisor.plugin.registry import BackendRegistry
+from supervisor.target.runrecord import RunRecorder
+from supervisor.target.supervisor import TargetSupervisor
+from supervisor.tuning.decisions import TuningStore
 
 STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happens
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.atomicfile import write_json, write_text
-from supervisor.backend import LaunchSpec, RuntimeInfo
+from supervisor.plugin.backend import LaunchSpec, RuntimeInfo
 
 HISTORY = 50
 _CHUNK = 8 << 20

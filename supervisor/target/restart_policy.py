@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.backend import Failure, FailureKind
 from supervisor.config.schema import Health, Restart
 from supervisor.config.units import format_duration
+from supervisor.plugin.backend import Failure, FailureKind
 
 MAX_OOM_RESTARTS = 1  # per crash window
 

@@ -1,0 +1,1 @@
+"""`specfleet bench`: speculation off against a sweep of draft lengths, per workload class."""

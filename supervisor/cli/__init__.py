@@ -1,0 +1,1 @@
+"""The `specfleet` command line: one module per command."""

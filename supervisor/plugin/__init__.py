@@ -1,0 +1,46 @@
+"""The one import path for backend plugin authors (docs/plugins.md).
+
+Everything a backend needs is here: the base class and the values it returns, the
+target as the fleet file describes it, the fleet-file problem type, the hook marker,
+and the helpers the built-in backends share (model headers, memory estimates,
+out-of-memory messages, Prometheus text). Built-in backends import from here only,
+never from each other, so a third-party backend can do everything they do.
+"""
+
+from supervisor.config.schema import Target
+from supervisor.config.yamlsource import Problem
+from supervisor.errors import SpecfleetError
+from supervisor.gpu.oom import search as find_out_of_memory
+from supervisor.gpu.vram import (
+    GPU_RUNTIME_OVERHEAD,
+    Assignment,
+    ContextSettings,
+    Estimate,
+    GiB,
+    MiB,
+    llamacpp_model,
+)
+from supervisor.models.facts import ModelFacts
+from supervisor.models.facts import read as read_model_facts
+from supervisor.plugin.backend import (
+    Backend,
+    Failure,
+    FailureKind,
+    Generation,
+    LaunchSpec,
+    MetricsSample,
+    Probe,
+    Readiness,
+    RuntimeInfo,
+)
+from supervisor.plugin.hookspecs import hookimpl
+from supervisor.plugin.promtext import Samples, dense_positions
+from supervisor.plugin.promtext import parse as parse_prometheus
+
+__all__ = [
+    "GPU_RUNTIME_OVERHEAD", "Assignment", "Backend", "ContextSettings", "Estimate", "Failure",
+    "FailureKind", "Generation", "GiB", "LaunchSpec", "MetricsSample", "MiB", "ModelFacts",
+    "Probe", "Problem", "Readiness", "RuntimeInfo", "Samples", "SpecfleetError", "Target",
+    "dense_positions", "find_out_of_memory", "hookimpl", "llamacpp_model", "parse_prometheus",
+    "read_model_facts",
+]

@@ -1,1 +1,0 @@
-"""systemd integration: unit files, D-Bus control and sd_notify."""
