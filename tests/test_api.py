@@ -237,10 +237,10 @@ def test_the_grafana_dashboard_uses_only_metrics_specfleet_exports():
 
     status = {"name": "t", "backend": "llamacpp", "state": "ready", "restarts": 0,
               "speculation": {"method": "ngram", "enabled": True, "draft_length": 8},
-              "tuning": {"window": {"tokens": 10, "acceptance_rate": 0.5,
-                                    "mean_accepted_length": 2.0, "tokens_per_second": 40.0}},
+              "shown": {"acceptance_rate": 0.5, "mean_accepted_length": 2.0,
+                        "tokens_per_second": 40.0, "draft_length": 8},
               "resources": {"vram_bytes": 1, "rss_bytes": 2}}
-    fake = SimpleNamespace(fleet_path="f.yaml", target_statuses=lambda: [status])
+    fake = SimpleNamespace(fleet_file="f.yaml", target_statuses=lambda: [status])
     exported = {s.name for m in FleetCollector(fake).collect() for s in m.samples}
     dashboard = json.loads((REPO / "examples" / "grafana-dashboard.json").read_text())
     used = {name for p in dashboard["panels"] for t in p["targets"]

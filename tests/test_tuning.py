@@ -128,7 +128,7 @@ def test_window_turns_counter_deltas_into_per_position_rates():
     w.observe(sample(1.0, 30, (24, 12), 90, 3.0), now=2)
     s = w.stats()
     assert s.drafts == 30 and s.per_position_rate == pytest.approx((0.8, 0.4))
-    assert s.mean_accepted_length == pytest.approx(1.2)
+    assert s.accepted_per_draft == pytest.approx(1.2)
     assert s.tokens_per_second == pytest.approx(30.0)
     assert s.draft_fraction == pytest.approx(30 / (90 - 36))
 

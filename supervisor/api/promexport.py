@@ -8,28 +8,25 @@ kube-state-metrics, so that `specfleet_target_state{state="failed"} == 1` alerts
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from supervisor import __version__
+from supervisor.api.fleetview import FleetView
 from supervisor.target.states import State
-
-if TYPE_CHECKING:
-    from supervisor.daemon.lifecycle import Daemon
 
 LABELS = ["target", "backend"]
 
 
 class FleetCollector:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, fleet: FleetView) -> None:
+        self.fleet = fleet
 
     def collect(self) -> Iterator[Metric]:
         info = InfoMetricFamily("specfleet", "The daemon.")
-        info.add_metric([], {"version": __version__, "fleet_file": str(self.daemon.fleet_path)})
+        info.add_metric([], {"version": __version__, "fleet_file": self.fleet.fleet_file})
         yield info
-        targets = self.daemon.target_statuses()
+        targets = self.fleet.target_statuses()
         yield GaugeMetricFamily("specfleet_targets", "Targets in the fleet file.",
                                 value=len(targets))
 
@@ -40,9 +37,9 @@ class FleetCollector:
         ready = family("specfleet_target_ready", "1 when the target serves requests.")
         restarts = family("specfleet_target_restarts", "Restarts by the restart policy.")
         rate = family("specfleet_target_acceptance_rate",
-                      "Accepted / drafted tokens over the tuning window.")
+                      "Accepted / drafted tokens (tuning window, else since start).")
         mean_len = family("specfleet_target_mean_accepted_length",
-                          "Tokens per verification step (1 + accepted drafts per step).")
+                          "Tokens per verification step with a draft: 1 + accepted / drafts.")
         length = family("specfleet_target_draft_length",
                         "Draft length the runtime runs with (0: speculation off).")
         tps = family("specfleet_target_tokens_per_second", "Generation tokens per second.")
@@ -54,19 +51,11 @@ class FleetCollector:
                 state.add_metric([*labels, s.value], 1.0 if t["state"] == s.value else 0.0)
             ready.add_metric(labels, 1.0 if t["state"] in ("ready", "degraded") else 0.0)
             restarts.add_metric(labels, t["restarts"])
-            window = _window(t)
-            if window.get("acceptance_rate") is not None:
-                rate.add_metric(labels, window["acceptance_rate"])
-            if window.get("mean_accepted_length") is not None:
-                mean_len.add_metric(labels, window["mean_accepted_length"])
-            if window.get("tokens_per_second"):
-                tps.add_metric(labels, window["tokens_per_second"])
-            spec = t.get("speculation") or {}
-            if spec.get("method", "none") != "none":
-                enabled = spec.get("enabled", True)
-                value = spec.get("draft_length") if enabled else 0
-                if value is not None:
-                    length.add_metric(labels, value)
+            shown = t.get("shown") or {}  # tuning/quantities.py: what status shows too
+            for gauge, key in ((rate, "acceptance_rate"), (mean_len, "mean_accepted_length"),
+                                 (tps, "tokens_per_second"), (length, "draft_length")):
+                if shown.get(key) is not None:
+                    gauge.add_metric(labels, shown[key])
             resources = t.get("resources") or {}
             if resources.get("vram_bytes") is not None:
                 vram.add_metric(labels, resources["vram_bytes"])
@@ -75,18 +64,7 @@ class FleetCollector:
         yield from (state, ready, restarts, rate, mean_len, length, tps, vram, rss)
 
 
-def _window(t: dict[str, Any]) -> dict[str, Any]:
-    window = (t.get("tuning") or {}).get("window") or {}
-    if window.get("tokens"):
-        return window
-    m = t.get("metrics") or {}
-    drafts = m.get("drafts")
-    return {"acceptance_rate": m.get("acceptance_rate"),
-            "mean_accepted_length": 1 + m["accepted_tokens"] / drafts if drafts else None,
-            "tokens_per_second": m.get("tokens_per_second")}
-
-
-def registry_for(daemon: Daemon) -> CollectorRegistry:
+def registry_for(fleet: FleetView) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(daemon))  # type: ignore[arg-type]
+    registry.register(FleetCollector(fleet))  # type: ignore[arg-type]
     return registry

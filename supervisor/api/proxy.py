@@ -14,16 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from supervisor.api.fleetview import FleetView, ServedTarget
 from supervisor.api.server import auth_middleware, errors_as_json, json_error, serve
-
-if TYPE_CHECKING:
-    from supervisor.daemon.lifecycle import Daemon
-    from supervisor.target.supervisor import TargetSupervisor
 
 # Hop-by-hop and length headers are the proxy's own business, not passed through.
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
@@ -31,13 +28,13 @@ _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "con
 
 
 class Proxy:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.hold = daemon.fleet.daemon.proxy.hold
+    def __init__(self, fleet: FleetView, hold: float) -> None:
+        self.fleet = fleet
+        self.hold = hold  # daemon.proxy.hold
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.app = web.Application(middlewares=[errors_as_json,
-                                                auth_middleware(daemon.api_token, set())],
+                                                auth_middleware(fleet.api_token, set())],
                                    client_max_size=64 * 1024 * 1024)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.forward)
@@ -60,9 +57,11 @@ class Proxy:
             await self._session.close()
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [{"id": name, "object": "model", "owned_by": "specfleet",
-                 "created": int(sup.since), "ready": sup.serving.is_set()}
-                for name, sup in self.daemon.supervisors.items()]
+        data = []
+        for name in self.fleet.target_names():
+            if (target := self.fleet.served_target(name)) is not None:
+                data.append({"id": name, "object": "model", "owned_by": "specfleet",
+                             "created": int(target.since), "ready": target.serving})
         return web.json_response({"object": "list", "data": data})
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
@@ -73,55 +72,40 @@ class Proxy:
             return json_error(400, "the request body is not JSON")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return json_error(400, "the request needs a \"model\" (a target name)")
-        sup = self.daemon.supervisors.get(body["model"])
-        if sup is None:
+        target = self.fleet.served_target(body["model"])
+        if target is None:
             return json_error(404, f"no target {body['model']!r}; targets: "
-                              f"{', '.join(self.daemon.supervisors) or '(none)'}")
-        upstream_model = sup.backend.openai_model()
+                              f"{', '.join(self.fleet.target_names()) or '(none)'}")
+        upstream_model = target.upstream_model()
         if upstream_model is not None and upstream_model != body["model"]:
             body["model"] = upstream_model
             raw = json.dumps(body).encode()
         deadline = time.monotonic() + self.hold
         while True:
-            if not await self._wait_serving(sup, deadline):
-                return json_error(503, f"target {sup.name!r} is {sup.state.value} and did not "
-                                  f"become ready within {self.hold:g}s (daemon.proxy.hold)")
-            sup.inflight += 1
+            if not await target.wait_serving(deadline - time.monotonic()):
+                return json_error(503, f"target {target.name!r} is {target.state_name()} and "
+                                  f"did not become ready within {self.hold:g}s "
+                                  "(daemon.proxy.hold)")
             try:
-                return await self._relay(request, sup, raw)
+                async with target.relaying():
+                    return await self._relay(request, target, raw)
             except _NotSent:
                 # Refused before any byte reached the client: the target is restarting.
                 await asyncio.sleep(0.05)
-                continue
-            finally:
-                sup.inflight -= 1
 
-    @staticmethod
-    async def _wait_serving(sup: TargetSupervisor, deadline: float) -> bool:
-        remaining = deadline - time.monotonic()
-        if sup.serving.is_set():
-            return True
-        if remaining <= 0:
-            return False
-        try:
-            await asyncio.wait_for(sup.serving.wait(), timeout=remaining)
-        except TimeoutError:
-            return False
-        return True
-
-    async def _relay(self, request: web.Request, sup: TargetSupervisor,
+    async def _relay(self, request: web.Request, target: ServedTarget,
                      raw: bytes) -> web.StreamResponse:
         assert self._session is not None
-        headers = {"Content-Type": "application/json", **sup.backend.auth_headers()}
+        headers = {"Content-Type": "application/json", **target.auth_headers()}
         if accept := request.headers.get("Accept"):
             headers["Accept"] = accept
-        url = f"{sup.target.base_url}{request.path}"
+        url = f"{target.base_url}{request.path}"
         try:
             upstream = await self._session.post(url, data=raw, headers=headers)
         except aiohttp.ClientConnectionError as exc:
             raise _NotSent from exc
         async with upstream:
-            if upstream.status == 503 and not sup.serving.is_set():
+            if upstream.status == 503 and not target.serving:
                 raise _NotSent  # loading again: wait and resend
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
@@ -133,7 +117,8 @@ class Proxy:
                 await response.write(chunk)
                 tail = (tail + chunk)[-16384:]  # the last event carries the timings
             await response.write_eof()
-        _count_timings(sup, tail)
+        if (timings := _timings(tail)) is not None:
+            target.observe_timings(timings)
         return response
 
 
@@ -141,9 +126,10 @@ class _NotSent(Exception):
     """The upstream refused the request before anything was relayed: it may be resent."""
 
 
-def _count_timings(sup: TargetSupervisor, tail: bytes) -> None:
+def _timings(tail: bytes) -> dict[str, Any] | None:
+    """llama.cpp's `timings` from the end of a response, streamed or not."""
     if b'"timings"' not in tail:
-        return
+        return None
     text = tail.decode(errors="replace")
     start = text.rfind('"timings"')
     # Streamed: the timings are in the last `data: {...}` event; plain: in the JSON body.
@@ -156,6 +142,7 @@ def _count_timings(sup: TargetSupervisor, tail: bytes) -> None:
         try:
             data = json.loads(text)
         except ValueError:
-            return
+            return None
     if isinstance(data, dict) and isinstance(data.get("timings"), dict):
-        sup.observe_request(data["timings"])
+        return data["timings"]
+    return None

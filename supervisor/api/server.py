@@ -12,20 +12,17 @@ import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from supervisor import __version__
-from supervisor.api import litellm
+from supervisor.api.fleetview import FleetView, ServedTarget
 from supervisor.api.promexport import registry_for
 from supervisor.config.schema import Fleet
 from supervisor.errors import SpecfleetError
 from supervisor.events import Event
-
-if TYPE_CHECKING:
-    from supervisor.daemon.lifecycle import Daemon
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = {"/healthz"}
@@ -80,12 +77,21 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         raise
 
 
+def named_target(fleet: FleetView, name: str) -> ServedTarget:
+    """The target called `name`, or a 404 that lists the targets."""
+    target = fleet.served_target(name)
+    if target is None:
+        raise web.HTTPNotFound(reason=f"no target {name!r}; targets: "
+                               f"{', '.join(fleet.target_names()) or '(none)'}")
+    return target
+
+
 class ApiServer:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, fleet: FleetView) -> None:
+        self.fleet = fleet
         self._runner: web.AppRunner | None = None
         self.app = web.Application(middlewares=[
-            errors_as_json, auth_middleware(daemon.api_token, OPEN_PATHS)])
+            errors_as_json, auth_middleware(fleet.api_token, OPEN_PATHS)])
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/v1/targets", self.targets)
         self.app.router.add_get("/v1/targets/{name}", self.target)
@@ -94,7 +100,7 @@ class ApiServer:
         self.app.router.add_get("/v1/events", self.events)
         self.app.router.add_get("/v1/litellm", self.litellm)
         self.app.router.add_get("/metrics", self.metrics)
-        self._metrics = registry_for(daemon)
+        self._metrics = registry_for(fleet)
 
     async def start(self, address: str) -> None:
         self._runner = await serve(self.app, address)
@@ -106,36 +112,29 @@ class ApiServer:
     # --- handlers ---
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response(self.daemon.daemon_info())
+        return web.json_response(self.fleet.daemon_info())
 
     async def targets(self, request: web.Request) -> web.Response:
-        return web.json_response({"daemon": self.daemon.daemon_info(),
-                                  "targets": self.daemon.target_statuses()})
-
-    def _named(self, request: web.Request) -> Any:
-        name = request.match_info["name"]
-        sup = self.daemon.supervisors.get(name)
-        if sup is None:
-            raise web.HTTPNotFound(reason=f"no target {name!r}; targets: "
-                                   f"{', '.join(self.daemon.supervisors) or '(none)'}")
-        return sup
+        return web.json_response({"daemon": self.fleet.daemon_info(),
+                                  "targets": self.fleet.target_statuses()})
 
     async def target(self, request: web.Request) -> web.Response:
-        return web.json_response(self.daemon.target_statuses([self._named(request).name])[0])
+        name = named_target(self.fleet, request.match_info["name"]).name
+        return web.json_response(self.fleet.target_statuses([name])[0])
 
     async def restart(self, request: web.Request) -> web.Response:
-        sup = self._named(request)
-        sup.send("restart", "restart requested through the API")
-        return web.json_response({"target": sup.name, "restarting": True}, status=202)
+        target = named_target(self.fleet, request.match_info["name"])
+        target.restart("restart requested through the API")
+        return web.json_response({"target": target.name, "restarting": True}, status=202)
 
     async def reload(self, request: web.Request) -> web.Response:
-        ok, problems = await self.daemon.reload_with_problems()
+        ok, problems = await self.fleet.reload()
         if not ok:
             return web.json_response({"reloaded": False, "problems": problems}, status=422)
         return web.json_response({"reloaded": True})
 
     async def litellm(self, request: web.Request) -> web.Response:
-        return web.json_response(litellm.config(self.daemon.fleet))
+        return web.json_response(self.fleet.litellm_config())
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics)
@@ -152,7 +151,7 @@ class ApiServer:
             if not queue.full():  # a slow client loses events, never the daemon's memory
                 queue.put_nowait(event)
 
-        unsubscribe = self.daemon.events.subscribe(push)
+        unsubscribe = self.fleet.subscribe(push)
         try:
             await response.write(f": specfleet {__version__} events\n\n".encode())
             while True:

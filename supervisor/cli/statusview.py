@@ -39,26 +39,16 @@ def _speculation(target: dict[str, Any]) -> str:
     return f"{name} n={length if length is not None else 'default'}" + (" (tuned)" if tuned else "")
 
 
-def _window(target: dict[str, Any]) -> dict[str, Any]:
-    """The tuning window if tuning runs, else the cumulative counters."""
-    window = (target.get("tuning") or {}).get("window")
-    if window and window.get("tokens"):
-        return window
-    m = target.get("metrics") or {}
-    return {"drafts": m.get("drafts"), "acceptance_rate": m.get("acceptance_rate"),
-            "mean_accepted_length": (m["accepted_tokens"] / m["drafts"]) if m.get("drafts") else None,
-            "tokens_per_second": m.get("tokens_per_second")}
-
-
 def _acceptance(target: dict[str, Any]) -> str:
-    w = _window(target)
-    if not w.get("drafts") or w.get("acceptance_rate") is None:
+    """Acceptance rate and mean accepted length (tokens per drafted step), as /metrics has them."""
+    shown = target.get("shown") or {}
+    if shown.get("acceptance_rate") is None or shown.get("mean_accepted_length") is None:
         return "-"
-    return f"{100 * w['acceptance_rate']:.0f}% {w['mean_accepted_length']:.1f}/step"
+    return f"{100 * shown['acceptance_rate']:.0f}% {shown['mean_accepted_length']:.2f} tok/step"
 
 
 def _tokens_per_second(target: dict[str, Any]) -> str:
-    tps = _window(target).get("tokens_per_second")
+    tps = (target.get("shown") or {}).get("tokens_per_second")
     return f"{tps:.1f}" if tps else "-"
 
 

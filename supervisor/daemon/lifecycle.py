@@ -1,4 +1,6 @@
-"""The daemon: one TargetSupervisor per target, signals, reload, the status file.
+"""The daemon's lifecycle: start, signals, the single-instance lock, the HTTP listeners,
+the status file, sd_notify and the watchdog. The targets themselves live in
+daemon/fleet.py.
 
 Signal handlers only record what arrived; the main loop acts on it (uvicorn's
 pattern), so a handler never runs in the middle of a state change.
@@ -12,7 +14,7 @@ import fcntl
 import os
 import signal
 import time
-from dataclasses import asdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +23,23 @@ import psutil
 
 from supervisor import __version__
 from supervisor.api.proxy import Proxy
-from supervisor.api.server import ApiServer, read_api_token
-from supervisor.config.loader import LoadedFleet, load_fleet
+from supervisor.api.server import ApiServer
+from supervisor.config.loader import LoadedFleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.daemon import statusfile
+from supervisor.daemon.fleet import FleetSupervisors
 from supervisor.daemon.logs import get_logger
 from supervisor.daemon.notify import Notifier
-from supervisor.errors import FleetFileError, SpecfleetError
+from supervisor.errors import SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
 from supervisor.gpu.monitor import HeadroomAlert, ResourceMonitor
-from supervisor.gpu.placement import Placer, held_vram
+from supervisor.gpu.placement import Placer
 from supervisor.launcher.base import Launcher
 from supervisor.launcher.external import ExternalLauncher
 from supervisor.launcher.process import ProcessLauncher
 from supervisor.launcher.systemd import units
 from supervisor.launcher.systemd.launcher import SystemdLauncher
 from supervisor.plugin.registry import BackendRegistry
-from supervisor.target.runrecord import RunRecorder
-from supervisor.target.supervisor import TargetSupervisor
-from supervisor.tuning.decisions import TuningStore
 
 STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happens
 
@@ -47,11 +47,10 @@ STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happen
 class Daemon:
     def __init__(self, fleet_path: Path, loaded: LoadedFleet, registry: BackendRegistry) -> None:
         self.fleet_path = fleet_path
-        self.fleet: Fleet = loaded.fleet
-        self.registry = registry
         self.events = EventBus()
         self.log = get_logger()
-        settings = self.fleet.daemon
+        settings = loaded.fleet.daemon
+        self.settings = settings  # daemon settings take effect at the next daemon start
         self.state_dir = Path(settings.state_dir).expanduser()
         self.launcher = ProcessLauncher(settings.logs.expanduser(), self.state_dir,
                                         settings.log_max_bytes, settings.log_backups)
@@ -59,21 +58,26 @@ class Daemon:
         self.external = ExternalLauncher()
         self.notifier = Notifier()
         self._ready_sent = False
-        self._reload_lock = asyncio.Lock()
-        self.api = ApiServer(self)
-        self.proxy = Proxy(self)
-        self.supervisors: dict[str, TargetSupervisor] = {}
-        self.tuning_store = TuningStore(self.state_dir / "tuning.json")
-        self.placer = Placer(settings.gpu)
-        self.records = RunRecorder(self.state_dir)
-        self.monitor = ResourceMonitor(settings.gpu, self._running_pids, self._publish_usage,
-                                       self._headroom_alert)
+        self.targets = FleetSupervisors(fleet_path, loaded.fleet, registry, self.events,
+                                        self._launcher_for, Placer(settings.gpu),
+                                        self.state_dir, self.emit, self.daemon_info)
+        self.targets.before_apply = self._before_reload
+        self.targets.after_apply = self._after_reload
+        self.targets.on_owner_error = self._owner_ended
+        self.api = ApiServer(self.targets)
+        self.proxy = Proxy(self.targets, settings.proxy.hold)
+        self.monitor = ResourceMonitor(settings.gpu, self.targets.running_pids,
+                                       self.targets.publish_usage, self._headroom_alert)
         self._signals: asyncio.Queue[int] = asyncio.Queue()
-        self._http: aiohttp.ClientSession | None = None
+        self._background: list[asyncio.Task[None]] = []  # monitor, watchdog
         self._started = time.time()
         self._create_time = psutil.Process().create_time()
         self.events.subscribe(self._log_event)
         self.events.subscribe(lambda _: self.write_status())
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.targets.fleet
 
     # --- lifecycle ---
 
@@ -92,38 +96,43 @@ class Daemon:
                 loop.add_signal_handler(sig, self._signals.put_nowait, sig)
             # Connection: close on every probe: an idle keep-alive connection would tie up
             # one of llama-server's few HTTP worker threads.
-            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
-            monitor: asyncio.Task[None] | None = None
-            watchdog: asyncio.Task[None] | None = None
+            self.targets.http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True))
             try:
-                self.emit("daemon", f"specfleet {__version__} started with {self.fleet_path} "
-                          f"({len(self.fleet.targets)} targets)")
-                await self._plan(self.fleet)
-                await self._listen()
-                monitor = asyncio.create_task(self.monitor.run(), name="monitor")
-                watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
-                for target in self.fleet.targets.values():
-                    self._add(target)
-                # The first reconcile is done: every target is started, adopted or refused.
-                # Models may still be loading; READY=1 does not wait for them (minutes).
-                await asyncio.sleep(0)
-                self._ready_sent = self.notifier.ready(self.summary())
-                await self._main_loop()
+                await self._serve()
             finally:
-                self.notifier.stopping()
-                for task in (monitor, watchdog):
-                    if task is not None:
-                        task.cancel()
-                await self._stop_all("daemon stopping")
-                await self.proxy.stop()
-                await self.api.stop()
-                await self.records.close()
-                self.systemd.close()
-                await self._http.close()
+                await self._close()
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
                 self.emit("daemon", "specfleet stopped")
         return 0
+
+    async def _serve(self) -> None:
+        self.emit("daemon", f"specfleet {__version__} started with {self.fleet_path} "
+                  f"({len(self.fleet.targets)} targets)")
+        await self.targets.plan(self.fleet)
+        await self._listen()
+        self._background = [asyncio.create_task(self.monitor.run(), name="monitor"),
+                            asyncio.create_task(self._watchdog(), name="watchdog")]
+        for target in self.fleet.targets.values():
+            self.targets.add(target)
+        # The first reconcile is done: every target is started, adopted or refused.
+        # Models may still be loading; READY=1 does not wait for them (minutes).
+        await asyncio.sleep(0)
+        self._ready_sent = self.notifier.ready(self.summary())
+        await self._main_loop()
+
+    async def _close(self) -> None:
+        self.notifier.stopping()
+        for task in self._background:
+            task.cancel()
+        await self.targets.stop_all("daemon stopping")
+        await self.proxy.stop()
+        await self.api.stop()
+        await self.targets.records.close()
+        self.systemd.close()
+        if self.targets.http is not None:
+            await self.targets.http.close()
 
     async def _main_loop(self) -> None:
         while True:
@@ -133,13 +142,13 @@ class Daemon:
                 self.write_status()
                 continue
             if sig == signal.SIGHUP:
-                await self.reload()
+                await self.targets.reload()
             else:
                 self.emit("daemon", f"received {signal.Signals(sig).name}: stopping every target")
                 return
 
     @contextlib.contextmanager
-    def _single_instance(self):  # type: ignore[no-untyped-def]
+    def _single_instance(self) -> Iterator[None]:
         lock_path = self.state_dir / "daemon.lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -156,7 +165,14 @@ class Daemon:
         finally:
             os.close(fd)
 
-    # --- targets ---
+    def _owner_ended(self, task: asyncio.Task[None]) -> None:
+        # An owner task only ends by shutdown; anything else is a bug that must be loud.
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.log.error("internal error: a target's supervisor stopped; its process was "
+                           "killed", task=task.get_name(), exc_info=exc)
+            self.emit("error", f"{task.get_name()} stopped by an internal error: {exc!r}")
+
+    # --- launchers ---
 
     def _launcher_for(self, target: Target) -> Launcher:
         return {"systemd": self.systemd, "external": self.external}.get(target.launcher,
@@ -174,83 +190,20 @@ class Daemon:
             self.emit("daemon", f"stopped and removed {unit}: its target is no longer in the "
                       "fleet file (or no longer uses launcher: systemd)")
 
-    def _add(self, target: Target) -> None:
-        assert self._http is not None
-        launcher = self._launcher_for(target)
-        sup = TargetSupervisor(target, self.registry.backend_for(target), launcher,
-                               self.events, self._http,
-                               log_file=str(launcher.log_path(target.name)),
-                               tuning_store=self.tuning_store, placer=self.placer,
-                               records=self.records, launcher_name=target.launcher)
-        self.supervisors[target.name] = sup
-        sup.launch().add_done_callback(self._owner_ended)
-
-    def _owner_ended(self, task: asyncio.Task[None]) -> None:
-        # An owner task only ends by shutdown; anything else is a bug that must be loud.
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            self.log.error("internal error: a target's supervisor stopped; its process was "
-                           "killed", task=task.get_name(), exc_info=exc)
-            self.emit("error", f"{task.get_name()} stopped by an internal error: {exc!r}")
-
-    async def _stop_all(self, reason: str) -> None:
-        # Reverse file order: what was listed first (often what others depend on) stops last.
-        for sup in reversed(list(self.supervisors.values())):
-            if sup.launcher.detaches and not self.fleet.daemon.stop_targets_on_exit:
-                await sup.detach(f"{reason}; stop_targets_on_exit is false")
-            else:
-                await sup.shutdown(reason)
-
-    async def reload(self) -> bool:
-        """Apply a changed fleet file; a bad file changes nothing."""
-        return (await self.reload_with_problems())[0]
-
-    async def reload_with_problems(self) -> tuple[bool, list[str]]:
-        async with self._reload_lock:  # SIGHUP and the API may ask at the same time
-            return await self._reload()
-
-    async def _reload(self) -> tuple[bool, list[str]]:
-        try:
-            loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
-                                             self.registry.check_target)
-        except FleetFileError as exc:
-            for problem in exc.problems:
-                self.log.error("reload rejected", problem=problem)
-            self.emit("reload", f"reload rejected: {len(exc.problems)} problem(s) in "
-                      f"{self.fleet_path}; the running fleet is unchanged",
-                      detail="\n".join(exc.problems))
-            return False, list(exc.problems)
-        new = loaded.fleet
-        if new.daemon != self.fleet.daemon:
+    async def _before_reload(self, old: Fleet, new: Fleet) -> None:
+        if new.daemon != old.daemon:
             self.log.warning("daemon: settings changed; they take effect when the daemon restarts")
-        old_targets, new_targets = self.fleet.targets, new.targets
-        removed = [n for n in old_targets if n not in new_targets]
-        added = [n for n in new_targets if n not in old_targets]
-        changed = [n for n in new_targets if n in old_targets and new_targets[n] != old_targets[n]]
-        self.emit("reload", f"reloaded {self.fleet_path}: {len(added)} added, {len(removed)} "
-                  f"removed, {len(changed)} changed",
-                  data={"added": added, "removed": removed, "changed": changed})
-        self.fleet = new
-        if self._uses_systemd(new) or self._uses_systemd(self.fleet):
+        if self._uses_systemd(old) or self._uses_systemd(new):
             await self.systemd.connect()
-        # Plan the new fleet against free memory plus what its own running targets hold.
-        await self._plan(new, held_vram(s.resources for s in self.supervisors.values()))
-        for name in removed:
-            await self.supervisors.pop(name).shutdown("removed from the fleet file")
-        for name in changed:
-            await self.supervisors.pop(name).shutdown("changed in the fleet file")
-            self._add(new_targets[name])
-        for name in added:
-            self._add(new_targets[name])
+
+    async def _after_reload(self, new: Fleet) -> None:
         if self.systemd.connected:
             await self._remove_leftover_units(new)
-        # Keep file order for status and for the stop order.
-        self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
-        return True, []
 
     # --- the HTTP side ---
 
     async def _listen(self) -> None:
-        settings = self.fleet.daemon
+        settings = self.settings
         if settings.api_token is not None and not settings.api_token.read("daemon.api_token"):
             raise SpecfleetError("daemon.api_token is empty: set the token (the API and the "
                                  "proxy would refuse every request)")
@@ -266,50 +219,14 @@ class Daemon:
             f", OpenAI-compatible proxy on http://{settings.proxy.listen}/v1"
             if settings.proxy.enabled else ""))
 
-    def api_token(self) -> str | None:
-        """The API token, read from its source each time (a rotated file takes effect)."""
-        return read_api_token(self.fleet)
-
     def daemon_info(self) -> dict[str, Any]:
+        settings = self.settings
         return {"status": "ok", "pid": os.getpid(), "create_time": self._create_time,
                 "version": __version__, "fleet_file": str(self.fleet_path),
                 "started": self._started, "updated": time.time(),
                 "state_dir": str(self.state_dir), "gpus": self.monitor.snapshot.to_dict(),
-                "api": self.fleet.daemon.api,
-                "proxy": self.fleet.daemon.proxy.listen if self.fleet.daemon.proxy.enabled
-                else None}
-
-    def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
-        return [asdict(s.status()) for n, s in self.supervisors.items()
-                if names is None or n in names]
-
-    # --- VRAM plan and resources ---
-
-    async def _plan(self, fleet: Fleet, ours: dict[int, int] | None = None) -> None:
-        backends = {n: self.registry.backend_for(t) for n, t in fleet.targets.items()}
-        fp = await self.placer.replan(backends, ours)
-        if fp.unavailable:
-            self.emit("gpu", fp.unavailable)
-        elif fp.plan is not None:
-            placed = {n: list(a.gpus) for n, a in fp.plan.assignments.items()}
-            self.emit("gpu", f"VRAM plan ({fp.source}): {len(placed)} target(s) placed, "
-                      f"{len(fp.plan.refused)} refused", data={"placed": placed,
-                                                                "refused": fp.plan.refused})
-        if fp.host_warning:
-            self.log.warning(fp.host_warning)
-
-    def _running_pids(self) -> dict[str, int]:
-        out = {}
-        for name, sup in self.supervisors.items():
-            if sup.process is not None and sup.process.returncode is None and sup.process.pid > 0:
-                out[name] = sup.process.pid
-            else:
-                sup.resources = {}
-        return out
-
-    def _publish_usage(self, name: str, usage: dict[str, Any]) -> None:
-        if (sup := self.supervisors.get(name)) is not None:
-            sup.resources = usage
+                "api": settings.api,
+                "proxy": settings.proxy.listen if settings.proxy.enabled else None}
 
     def _headroom_alert(self, alert: HeadroomAlert) -> None:
         self.emit("gpu", alert.message, data={"gpu": alert.gpu, "low": alert.low})
@@ -332,10 +249,10 @@ class Daemon:
     def summary(self) -> str:
         """One line for systemd's STATUS= (shown by `systemctl status specfleet`)."""
         counts: dict[str, int] = {}
-        for sup in self.supervisors.values():
+        for sup in self.targets.supervisors.values():
             counts[sup.state.value] = counts.get(sup.state.value, 0) + 1
         states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        return f"{len(self.supervisors)} targets" + (f": {states}" if states else "")
+        return f"{len(self.targets.supervisors)} targets" + (f": {states}" if states else "")
 
     # --- events and status ---
 
@@ -352,12 +269,15 @@ class Daemon:
             if event.detail and event.new in ("backoff", "failed"):
                 self.log.warning("runtime output (last lines)", target=event.target,
                                  output=event.detail)
+        elif event.kind == "reload" and event.detail:
+            for problem in event.detail.splitlines():
+                self.log.error("reload rejected", problem=problem)
         else:
             data = {k: v for k, v in event.data.items() if k not in ("evidence", "window")}
             self.log.info(event.reason, kind=event.kind, target=event.target, **data)
 
     def write_status(self) -> None:
         statusfile.write(self.state_dir, self.daemon_info(),
-                         [s.status() for s in self.supervisors.values()])
+                         [s.status() for s in self.targets.supervisors.values()])
         if self._ready_sent:
             self.notifier.status(self.summary())

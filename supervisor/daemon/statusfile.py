@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from supervisor.atomicfile import write_json
-from supervisor.target.supervisor import TargetStatus
+from supervisor.target.status import TargetStatus
 
 STATUS_FILE = "status.json"
 

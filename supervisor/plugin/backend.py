@@ -128,9 +128,6 @@ class Backend:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    # No runtime known in 2026 changes the draft length while running (see RUNTIMES.md);
-    # a backend that can says so here and the tuner may skip the restart.
-    live_draft_length: ClassVar[bool] = False
     # The executable looked up on PATH when the target sets no `binary:`.
     default_binary: ClassVar[str] = ""
     # True for runtimes that claim a fraction of the GPU rather than what they need

@@ -4,13 +4,15 @@
 `HISTORY` kept). A record holds the exact argv, the environment names specfleet set
 (secret values masked), the runtime's version, the GPU placement and the sha256 of
 the model and draft files. Hashing a 40 GB model takes a minute, so it runs in a
-thread after the launch and is cached per file identity (path, size, mtime, inode)
-in <state_dir>/hashes.json; the record is rewritten when the digests are known.
+thread after the launch and is cached per file identity (`supervisor.models.identity`:
+resolved path, device, inode, size, mtime and ctime; for a directory, every file under
+it) in <state_dir>/hashes.json; the record is rewritten when the digests are known.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.atomicfile import write_json, write_text
+from supervisor.models.identity import file_identity, files_under
 from supervisor.plugin.backend import LaunchSpec, RuntimeInfo
 
 HISTORY = 50
@@ -42,11 +45,6 @@ class RunRecord:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> path, size, sha256
 
 
-def file_identity(path: str) -> str:
-    st = os.stat(path)
-    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
-
-
 class Cancelled(Exception):
     pass
 
@@ -65,7 +63,7 @@ def sha256_dir(path: str, stop: threading.Event | None = None) -> str:
     """A digest of a model directory: each file's relative path and content, in order."""
     digest = hashlib.sha256()
     root = Path(path)
-    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+    for p in files_under(root):
         digest.update(str(p.relative_to(root)).encode() + b"\0")
         digest.update(sha256_file(str(p), stop).encode())
     return digest.hexdigest()
@@ -89,19 +87,19 @@ class RunRecorder:
 
     def digest(self, path: str) -> str:
         """sha256 of a model file or directory, from the cache when the file is unchanged."""
-        key = file_identity(path)
+        identity = file_identity(path)
+        if identity is None:
+            os.stat(path)  # raises the OSError that says why
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        key = str(identity)
         cache = self._load_hashes()
         if key not in cache:
             cache[key] = (sha256_dir(path, self._stop) if os.path.isdir(path)
                           else sha256_file(path, self._stop))
-            # Keep only identities of files that still exist as they were.
-            live = {}
-            for k, v in cache.items():
-                try:
-                    if file_identity(k.split("|", 1)[0]) == k:
-                        live[k] = v
-                except OSError:
-                    pass
+            # Keep only identities of files that still exist as they were (the key's
+            # first field is the resolved path).
+            live = {k: v for k, v in cache.items()
+                    if str(file_identity(k.split("|", 1)[0])) == k}
             self._hashes = live
             write_json(self.hashes_path, live)
         return cache[key]

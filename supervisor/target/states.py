@@ -17,19 +17,17 @@ class State(enum.StrEnum):
     DETACHED = "detached"  # left running when the daemon exited (systemd units); adopted later
 
 
-RUNNING = frozenset({State.LOADING, State.READY, State.DEGRADED})
-
 ALLOWED: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset({State.STARTING}),
-    State.STARTING: frozenset({State.LOADING, State.BACKOFF, State.FAILED, State.STOPPED}),
+    State.STARTING: frozenset({State.LOADING, State.FAILED}),  # start-up failures are final
     State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
                               State.DETACHED}),
     State.READY: frozenset({State.DEGRADED, State.BACKOFF, State.FAILED, State.STOPPING,
                             State.DETACHED}),
     State.DEGRADED: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
                                State.DETACHED}),
-    State.BACKOFF: frozenset({State.STARTING, State.FAILED, State.STOPPED}),
-    State.FAILED: frozenset({State.STARTING, State.STOPPED}),
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
+    State.FAILED: frozenset({State.STARTING}),
     State.STOPPING: frozenset({State.STOPPED, State.STARTING}),
     State.DETACHED: frozenset(),
 }

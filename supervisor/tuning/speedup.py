@@ -130,11 +130,6 @@ def fit_cost(points: list[Measurement]) -> tuple[float, float]:
     return a, b
 
 
-def draft_cost(ev: Evidence, decay: float) -> float:
-    """c, the cost per draft token, from the measured speedup at the current length alone."""
-    return fit_cost([measurement(ev)])[1]
-
-
 def predict_speedup(ev: Evidence, length: int, cost: float, decay: float,
                     overhead: float = 0.0) -> float:
     # Drafts fill the same share of the allowed length as they do now (1.0 for draft models).

@@ -48,8 +48,9 @@ class WindowStats:
         return self.accepted / self.draft_tokens if self.draft_tokens else None
 
     @property
-    def mean_accepted_length(self) -> float | None:
-        """Accepted draft tokens per verification step (the sum of p_i)."""
+    def accepted_per_draft(self) -> float | None:
+        """Accepted draft tokens per verification step that carried a draft (the sum of p_i);
+        the mean accepted length shown to users is 1 + this (tuning/quantities.py)."""
         return self.accepted / self.drafts if self.drafts else None
 
     @property
@@ -76,7 +77,7 @@ class WindowStats:
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens,
                 "accepted": self.accepted, "tokens": self.tokens,
                 "seconds": round(self.seconds, 3), "acceptance_rate": r(self.acceptance_rate),
-                "mean_accepted_length": r(self.mean_accepted_length),
+                "accepted_per_draft": r(self.accepted_per_draft),
                 "tokens_per_second": r(self.tokens_per_second),
                 "draft_fraction": r(self.draft_fraction),
                 "per_position_rate": [round(p, 4) for p in self.per_position_rate]}

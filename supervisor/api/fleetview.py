@@ -1,0 +1,74 @@
+"""What the HTTP side needs from the daemon, and nothing more.
+
+The API, the proxy and /metrics are written against these protocols, not against the
+daemon: they read statuses, find a target's handle, ask for a reload, subscribe to
+events, read the token and the LiteLLM config. The daemon implements them
+(daemon/fleet.py); tests can hand in anything that does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from supervisor.events import Event
+
+
+class ServedTarget(Protocol):
+    """One target as the proxy and the API see it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def since(self) -> float:
+        """When it entered its current state (wall clock)."""
+
+    @property
+    def serving(self) -> bool: ...
+
+    @property
+    def base_url(self) -> str: ...
+
+    def upstream_model(self) -> str | None:
+        """The `model` the runtime expects, or None to pass the client's body untouched."""
+
+    def auth_headers(self) -> dict[str, str]: ...
+
+    async def wait_serving(self, timeout: float) -> bool: ...
+
+    def relaying(self) -> AbstractAsyncContextManager[None]:
+        """Entered around each proxied request: the target counts and drains them."""
+
+    def observe_timings(self, timings: dict[str, Any]) -> None: ...
+
+    def restart(self, reason: str) -> None: ...
+
+    def state_name(self) -> str: ...
+
+
+class FleetView(Protocol):
+    """The fleet as the HTTP side sees it."""
+
+    @property
+    def fleet_file(self) -> str: ...
+
+    def daemon_info(self) -> dict[str, Any]: ...
+
+    def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]: ...
+
+    def target_names(self) -> list[str]: ...
+
+    def served_target(self, name: str) -> ServedTarget | None: ...
+
+    async def reload(self) -> tuple[bool, list[str]]:
+        """(applied, problems): a bad file changes nothing and lists its problems."""
+
+    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+        """Every event as it happens; returns the function that unsubscribes."""
+
+    def api_token(self) -> str | None:
+        """None: no token configured; "" (matches nothing): configured but unreadable."""
+
+    def litellm_config(self) -> dict[str, Any]: ...

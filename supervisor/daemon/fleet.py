@@ -1,0 +1,178 @@
+"""The fleet of target supervisors: one per target, in file order; reload; the view the
+HTTP side gets (api/fleetview.py's FleetView).
+
+A reload applies a changed fleet file target by target: removed targets stop, changed
+ones restart with their new settings, added ones start; a file with any problem is
+rejected whole and the running fleet is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from supervisor.api import litellm
+from supervisor.api.server import read_api_token
+from supervisor.config.loader import load_fleet
+from supervisor.config.schema import Fleet, Target
+from supervisor.errors import FleetFileError
+from supervisor.events import Event, EventBus
+from supervisor.gpu.placement import Placer, held_vram
+from supervisor.launcher.base import Launcher
+from supervisor.plugin.registry import BackendRegistry
+from supervisor.target.runrecord import RunRecorder
+from supervisor.target.supervisor import TargetSupervisor
+from supervisor.tuning.decisions import TuningStore
+
+Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon event
+
+
+class FleetSupervisors:
+    def __init__(self, fleet_path: Path, fleet: Fleet, registry: BackendRegistry,
+                 events: EventBus, launchers: Callable[[Target], Launcher], placer: Placer,
+                 state_dir: Path, emit: Emit, daemon_info: Callable[[], dict[str, Any]]) -> None:
+        self.fleet_path = fleet_path
+        self.fleet = fleet
+        self.registry = registry
+        self.events = events
+        self.launcher_for = launchers
+        self.placer = placer
+        self.emit = emit
+        self._daemon_info = daemon_info
+        self.tuning_store = TuningStore(state_dir / "tuning.json")
+        self.records = RunRecorder(state_dir)
+        self.supervisors: dict[str, TargetSupervisor] = {}
+        self.http: aiohttp.ClientSession | None = None
+        self._reload_lock = asyncio.Lock()
+        # Called with (old fleet, new fleet) during a reload, before targets change.
+        self.before_apply: Callable[[Fleet, Fleet], Any] | None = None
+        self.after_apply: Callable[[Fleet], Any] | None = None
+        self.on_owner_error: Callable[[asyncio.Task[None]], None] | None = None
+
+    # --- targets ---
+
+    def add(self, target: Target) -> None:
+        assert self.http is not None
+        launcher = self.launcher_for(target)
+        sup = TargetSupervisor(target, self.registry.backend_for(target), launcher,
+                               self.events, self.http,
+                               log_file=str(launcher.log_path(target.name)),
+                               tuning_store=self.tuning_store, placer=self.placer,
+                               records=self.records, launcher_name=target.launcher)
+        self.supervisors[target.name] = sup
+        task = sup.launch()
+        if self.on_owner_error is not None:
+            task.add_done_callback(self.on_owner_error)
+
+    async def stop_all(self, reason: str) -> None:
+        # Reverse file order: what was listed first (often what others depend on) stops last.
+        for sup in reversed(list(self.supervisors.values())):
+            if sup.launcher.detaches and not self.fleet.daemon.stop_targets_on_exit:
+                await sup.detach(f"{reason}; stop_targets_on_exit is false")
+            else:
+                await sup.shutdown(reason)
+
+    async def plan(self, fleet: Fleet, ours: dict[int, int] | None = None) -> None:
+        """The VRAM plan for `fleet` (at start and at each reload)."""
+        backends = {n: self.registry.backend_for(t) for n, t in fleet.targets.items()}
+        fp = await self.placer.replan(backends, ours)
+        if fp.unavailable:
+            self.emit("gpu", fp.unavailable)
+        elif fp.plan is not None:
+            placed = {n: list(a.gpus) for n, a in fp.plan.assignments.items()}
+            self.emit("gpu", f"VRAM plan ({fp.source}): {len(placed)} target(s) placed, "
+                      f"{len(fp.plan.refused)} refused", data={"placed": placed,
+                                                                "refused": fp.plan.refused})
+        if fp.host_warning:
+            self.emit("gpu", fp.host_warning)
+
+    # --- reload ---
+
+    async def reload(self) -> tuple[bool, list[str]]:
+        """Apply a changed fleet file; a bad file changes nothing. (applied, problems)"""
+        async with self._reload_lock:  # SIGHUP and the API may ask at the same time
+            try:
+                loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
+                                                 self.registry.check_target)
+            except FleetFileError as exc:
+                self.emit("reload", f"reload rejected: {len(exc.problems)} problem(s) in "
+                          f"{self.fleet_path}; the running fleet is unchanged",
+                          detail="\n".join(exc.problems))
+                return False, list(exc.problems)
+            await self._apply(loaded.fleet)
+            return True, []
+
+    async def _apply(self, new: Fleet) -> None:
+        old = self.fleet
+        old_targets, new_targets = old.targets, new.targets
+        removed = [n for n in old_targets if n not in new_targets]
+        added = [n for n in new_targets if n not in old_targets]
+        changed = [n for n in new_targets if n in old_targets and new_targets[n] != old_targets[n]]
+        self.emit("reload", f"reloaded {self.fleet_path}: {len(added)} added, {len(removed)} "
+                  f"removed, {len(changed)} changed",
+                  data={"added": added, "removed": removed, "changed": changed})
+        if self.before_apply is not None:
+            await self.before_apply(old, new)
+        self.fleet = new
+        # Plan the new fleet against free memory plus what its own running targets hold.
+        await self.plan(new, held_vram(s.resources for s in self.supervisors.values()))
+        for name in removed:
+            await self.supervisors.pop(name).shutdown("removed from the fleet file")
+        for name in changed:
+            await self.supervisors.pop(name).shutdown("changed in the fleet file")
+            self.add(new_targets[name])
+        for name in added:
+            self.add(new_targets[name])
+        if self.after_apply is not None:
+            await self.after_apply(new)
+        # Keep file order for status and for the stop order.
+        self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
+
+    # --- resources, for the monitor ---
+
+    def running_pids(self) -> dict[str, int]:
+        out = {}
+        for name, sup in self.supervisors.items():
+            if sup.process is not None and sup.process.returncode is None and sup.process.pid > 0:
+                out[name] = sup.process.pid
+            else:
+                sup.resources = {}
+        return out
+
+    def publish_usage(self, name: str, usage: dict[str, Any]) -> None:
+        if (sup := self.supervisors.get(name)) is not None:
+            sup.resources = usage
+
+    # --- the FleetView the HTTP side uses ---
+
+    @property
+    def fleet_file(self) -> str:
+        return str(self.fleet_path)
+
+    def daemon_info(self) -> dict[str, Any]:
+        return self._daemon_info()
+
+    def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        return [asdict(s.status()) for n, s in self.supervisors.items()
+                if names is None or n in names]
+
+    def target_names(self) -> list[str]:
+        return list(self.supervisors)
+
+    def served_target(self, name: str) -> TargetSupervisor | None:
+        return self.supervisors.get(name)
+
+    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+        return self.events.subscribe(fn)
+
+    def api_token(self) -> str | None:
+        """The API token, read from its source each time (a rotated file takes effect)."""
+        return read_api_token(self.fleet)
+
+    def litellm_config(self) -> dict[str, Any]:
+        return litellm.config(self.fleet)

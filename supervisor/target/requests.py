@@ -1,0 +1,60 @@
+"""Requests the proxy relays to one target: counted in flight, drained, their timings tallied.
+
+The target supervisor owns this book (llama-swap's `Process` owns its in-flight requests
+the same way): the proxy enters `relaying()` around each request and never touches a
+counter; before a planned restart the owner waits on `drained()`, which wakes when the
+last request leaves instead of polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+
+class ProxyRequests:
+    def __init__(self) -> None:
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.count = 0  # completions whose timings the runtime returned
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @contextlib.asynccontextmanager
+    async def relaying(self) -> AsyncIterator[None]:
+        """Around one request being relayed to the runtime."""
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until no request is in flight, at most `timeout` seconds; whether it got there."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def observe(self, timings: Mapping[str, Any]) -> None:
+        """Per-request draft counts the runtime returned with a completion (llama.cpp's
+        `timings`): the acceptance clients actually got. Shown beside the runtime's
+        counters; the tuner reads the counters."""
+        self.count += 1
+        self.draft_tokens += int(timings.get("draft_n", 0) or 0)
+        self.accepted_tokens += int(timings.get("draft_n_accepted", 0) or 0)
+
+    def view(self) -> dict[str, int]:
+        return {"count": self.count, "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens, "in_flight": self._in_flight}

@@ -1,0 +1,160 @@
+"""Stand-ins for the in-process lifecycle tests: a backend registered like a real plugin,
+a launcher and the processes it "starts", all driven by a `World` the test controls.
+
+Real-process tests stay (test_live_daemon.py, test_process_launcher.py); these make each
+edge of the state machine cheap to reach and exact to assert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import aiohttp
+
+from supervisor.plugin import (
+    Backend,
+    Failure,
+    FailureKind,
+    LaunchSpec,
+    Probe,
+    Readiness,
+    RuntimeInfo,
+    hookimpl,
+)
+
+_pids = itertools.count(40000)
+
+
+@dataclass
+class World:
+    """What the fake runtime does; tests change it while the target runs."""
+
+    readiness: Readiness = Readiness.READY
+    probe_hangs: bool = False  # the probe never answers (a hung server)
+    ignores_sigterm: bool = False
+    exit_at_start: int | None = None  # the process exits at once with this status
+    output: str = ""  # what the runtime "wrote"
+    load_error: bool = False  # explain_failure calls it a model that cannot load
+    starts: list[LaunchSpec] = field(default_factory=list)
+    processes: list[FakeProcess] = field(default_factory=list)
+    adoptable: FakeProcess | None = None
+    probes: int = 0
+
+
+class FakeProcess:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.pid = next(_pids)
+        self.returncode: int | None = None
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.signals: list[str] = []
+
+    def exit(self, code: int) -> None:
+        """The runtime ends by itself (a crash is a negative code: killed by that signal)."""
+        if self.returncode is None:
+            self.returncode = code
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    async def stop(self, grace: float) -> int:
+        self.signals.append("SIGTERM")
+        if not self.world.ignores_sigterm:
+            self.exit(-15)
+        else:
+            try:
+                await asyncio.wait_for(self.wait(), grace)
+            except TimeoutError:
+                self.kill()
+        return await self.wait()
+
+    def kill(self) -> None:
+        self.signals.append("SIGKILL")
+        self.exit(-9)
+
+    def output_tail(self, lines: int = 20) -> str:
+        return self.world.output
+
+    def oom_killed(self) -> bool:
+        return False
+
+
+class FakeLauncher:
+    name = "fake"
+
+    def __init__(self, world: World, detaches: bool = False) -> None:
+        self.world = world
+        self.detaches = detaches
+
+    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
+                    on_line: Callable[[str], None] | None = None) -> FakeProcess:
+        self.world.starts.append(spec)
+        proc = FakeProcess(self.world)
+        self.world.processes.append(proc)
+        if self.world.exit_at_start is not None:
+            proc.exit(self.world.exit_at_start)
+        return proc
+
+    async def adopt(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> tuple[FakeProcess | None, str]:
+        proc, self.world.adoptable = self.world.adoptable, None
+        return proc, f"adopted pid {proc.pid}" if proc else ""
+
+    def log_path(self, name: str) -> str:
+        return f"(fake log of {name})"
+
+    def sweep_orphans(self) -> list[str]:
+        return []
+
+
+class FakeBackend(Backend):
+    name = "fake"
+    description = "fake-runtime"
+    world: ClassVar[World] = World()  # each instance gets its own from the test fixture
+
+    async def preflight(self) -> RuntimeInfo:
+        return RuntimeInfo("/usr/bin/fake-runtime", "1")
+
+    def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
+                    placement: Any = None) -> LaunchSpec:
+        return LaunchSpec(("fake-runtime", "--port", str(self.target.port)))
+
+    async def probe(self, http: aiohttp.ClientSession) -> Probe:
+        self.world.probes += 1
+        if self.world.probe_hangs:
+            await asyncio.sleep(3600)
+        if not self.world.processes or self.world.processes[-1].returncode is not None:
+            raise aiohttp.ClientConnectionError("connection refused")  # nothing listens
+        return Probe(self.world.readiness, "fake probe")
+
+    def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
+        if self.world.load_error:
+            return Failure(FailureKind.LOAD_ERROR, "fake-runtime could not load the model",
+                           retryable=False)
+        return None
+
+
+class FakePlugin:
+    """Registered through the registry's plugin manager, as a third-party backend is."""
+
+    @hookimpl
+    def register_backends(self, register: Callable[[type], None]) -> None:
+        register(FakeBackend)
+
+
+class FakeClock:
+    """A monotonic clock the test moves; crash windows and start timeouts read it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

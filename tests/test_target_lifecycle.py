@@ -1,0 +1,443 @@
+"""The target state machine in-process: a fake backend registered like a real plugin, a fake
+launcher, an injected clock. Each scenario asserts the exact list of transitions; together
+the scenarios cover every edge of the allowed-transition table (last test).
+
+The owner task runs for real; tests wait for events, never for wall-clock time, and every
+setting is tiny (backoff 10 ms, probes every 10 ms) so the whole file takes about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from supervisor.config.schema import Target
+from supervisor.errors import SpecfleetError
+from supervisor.events import Event, EventBus
+from supervisor.plugin import Readiness
+from supervisor.plugin.registry import build_registry
+from supervisor.target.commands import Command
+from supervisor.target.states import ALLOWED, State
+from supervisor.target.supervisor import TargetSupervisor
+from tests.lifecycle_doubles import (
+    FakeBackend,
+    FakeClock,
+    FakeLauncher,
+    FakePlugin,
+    FakeProcess,
+    World,
+)
+
+FAST_HEALTH = {"interval": 0.01, "timeout": 0.05, "failures": 3, "metrics_interval": 60,
+               "start_timeout": 30}
+FAST_RESTART = {"backoff_initial": 0.01, "backoff_max": 0.05, "jitter": 0, "stop_grace": 0.2}
+
+S = State
+START = [(S.STOPPED, S.STARTING), (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+RESTART_TO_READY = [(S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+
+
+class Run:
+    """One target under test: its supervisor, its world and the transitions it made."""
+
+    def __init__(self, sup: TargetSupervisor, world: World, events: list[Event]) -> None:
+        self.sup, self.world, self.events = sup, world, events
+        self._changed = asyncio.Event()
+
+    @property
+    def transitions(self) -> list[tuple[State, State]]:
+        return [(State(e.old), State(e.new)) for e in self.events if e.kind == "state"]
+
+    def notify(self) -> None:
+        self._changed.set()
+
+    async def until(self, done: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Wait until `done()`, woken by each event (and every 10 ms for conditions that emit
+        none, such as a request entering); a scenario that stalls fails instead of hanging."""
+        async with asyncio.timeout(timeout):
+            while not done():
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 0.01)
+
+    async def reaches(self, state: State, times: int = 1) -> None:
+        await self.until(lambda: sum(1 for _, new in self.transitions if new == state) >= times)
+
+    @property
+    def process(self) -> Any:
+        return self.world.processes[-1]
+
+
+@pytest.fixture
+async def start_target() -> AsyncIterator[Callable[..., Run]]:
+    registry = build_registry([FakePlugin()], entry_points=False)
+    runs: list[Run] = []
+    async with aiohttp.ClientSession() as http:
+
+        def start(detaches: bool = False, clock: Callable[[], float] | None = None,
+                  adopt: bool = False, **over: Any) -> Run:
+            world = World()
+            if adopt:  # a process left running by the previous daemon
+                world.adoptable = FakeProcess(world)
+                world.processes.append(world.adoptable)
+            settings: dict[str, Any] = {"name": "t", "backend": "fake", "model": "m", "port": 1,
+                                        "health": dict(FAST_HEALTH),
+                                        "restart": dict(FAST_RESTART)}
+            for key, value in over.items():
+                settings[key] = {**settings[key], **value} if key in ("health", "restart") \
+                    else value
+            target = Target(**settings)
+            backend = registry.backend_for(target)
+            assert isinstance(backend, FakeBackend)
+            backend.world = world
+            bus, events = EventBus(), []
+            sup = TargetSupervisor(target, backend, FakeLauncher(world, detaches), bus, http,
+                                   clock=clock or FakeClock(), rand=lambda: 0.5)
+            run = Run(sup, world, events)
+            bus.subscribe(lambda e: (events.append(e), run.notify()))
+            runs.append(run)
+            sup.launch()
+            return run
+
+        yield start
+        for run in runs:
+            await run.sup.shutdown("test over")
+
+
+# --- start ---
+
+async def test_a_target_starts_loads_and_becomes_ready(start_target):
+    run = start_target()
+    await run.reaches(S.READY)
+    assert run.transitions == START
+    assert run.sup.serving and run.sup.restarts == 0
+    assert run.world.starts[0].argv == ("fake-runtime", "--port", "1")
+
+
+async def test_a_start_the_backend_refuses_fails_without_a_process(start_target, monkeypatch):
+    async def refuse(self: FakeBackend) -> Any:
+        raise SpecfleetError("fake-runtime is too old")
+    monkeypatch.setattr(FakeBackend, "preflight", refuse)
+    run = start_target()
+    await run.reaches(S.FAILED)
+    assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, S.FAILED)]
+    assert run.world.starts == []
+    assert "fake-runtime is too old" in run.events[-1].reason
+
+
+async def test_a_target_still_running_from_a_previous_daemon_is_adopted_not_started(
+        start_target):
+    run = start_target(detaches=True, adopt=True)
+    await run.reaches(S.READY)
+    assert run.transitions == START
+    assert run.world.starts == []
+    loading = next(e for e in run.events if e.new == "loading")
+    assert loading.data == {"pid": run.process.pid, "adopted": True}
+
+
+async def test_start_while_running_changes_nothing(start_target):
+    run = start_target()
+    await run.reaches(S.READY)
+    run.sup.send(Command.START, "asked twice")
+    run.sup.send(Command.RESTART, "then a real restart")
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == [*START, (S.READY, S.STOPPING), (S.STOPPING, S.STARTING), *RESTART_TO_READY]
+
+
+# --- crash, backoff, give-up ---
+
+CRASH_AND_RESTART = [*START, (S.READY, S.BACKOFF), (S.BACKOFF, S.STARTING), *RESTART_TO_READY]
+
+
+async def test_a_crash_backs_off_and_restarts(start_target):
+    run = start_target()
+    await run.reaches(S.READY)
+    run.process.exit(-9)
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == CRASH_AND_RESTART
+    assert run.sup.restarts == 1
+    backoff = next(e for e in run.events if e.new == "backoff")
+    assert "fake-runtime killed by signal SIGKILL" in backoff.reason
+    assert backoff.data["delay"] == pytest.approx(0.01)
+
+
+LOADING_CRASH_LOOP = [(S.STOPPED, S.STARTING)] + [
+    (S.STARTING, S.LOADING), (S.LOADING, S.BACKOFF), (S.BACKOFF, S.STARTING)] * 2 + [
+    (S.STARTING, S.LOADING), (S.LOADING, S.FAILED)]
+
+
+async def test_a_crash_loop_gives_up_after_max_crashes(start_target):
+    run = start_target(restart={"max_crashes": 3})
+    run.world.exit_at_start = 1
+    run.world.output = "GGML_ASSERT failed"
+    await run.reaches(S.FAILED)
+    assert run.transitions == LOADING_CRASH_LOOP
+    failed = run.events[-1]
+    assert "3 crashes within 10m" in failed.reason
+    assert failed.detail == "GGML_ASSERT failed"  # the runtime's own output travels along
+    assert run.sup.restarts == 2
+
+
+async def test_crashes_further_apart_than_the_window_never_give_up(start_target):
+    clock = FakeClock()
+    run = start_target(clock=clock, restart={"max_crashes": 2, "window": 600})
+    await run.reaches(S.READY)
+    for n in range(2, 5):
+        clock.advance(601)  # the injected clock: each crash is alone in its window
+        run.process.exit(-9)
+        await run.reaches(S.READY, times=n)
+    assert S.FAILED not in [new for _, new in run.transitions]
+    assert run.sup.restarts == 3
+
+
+READY_TO_FAILED = [*START, (S.READY, S.FAILED)]
+
+
+async def test_a_crash_that_reaches_the_limit_goes_from_ready_to_failed(start_target):
+    run = start_target(restart={"max_crashes": 1})
+    await run.reaches(S.READY)
+    run.process.exit(1)
+    await run.reaches(S.FAILED)
+    assert run.transitions == READY_TO_FAILED
+
+
+async def test_a_model_that_cannot_load_is_not_retried(start_target):
+    run = start_target()
+    run.world.readiness = Readiness.LOADING
+    await run.reaches(S.LOADING)
+    run.world.load_error = True
+    run.process.exit(1)
+    await run.reaches(S.FAILED)
+    assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, S.LOADING),
+                               (S.LOADING, S.FAILED)]
+    assert "not restarting" in run.events[-1].reason
+
+
+async def test_a_failed_target_starts_again_when_asked(start_target):
+    run = start_target(restart={"max_crashes": 1})
+    await run.reaches(S.READY)
+    run.process.exit(1)
+    await run.reaches(S.FAILED)
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == [*READY_TO_FAILED, (S.FAILED, S.STARTING), *RESTART_TO_READY]
+
+
+async def test_stopping_a_target_in_backoff_cancels_the_restart(start_target):
+    run = start_target(restart={"backoff_initial": 60, "backoff_max": 60})
+    await run.reaches(S.READY)
+    run.process.exit(-9)
+    await run.reaches(S.BACKOFF)
+    await run.sup.shutdown("daemon stopping")
+    assert run.transitions == [*START, (S.READY, S.BACKOFF), (S.BACKOFF, S.STOPPED)]
+    assert len(run.world.starts) == 1
+
+
+async def test_a_retune_during_backoff_starts_at_once(start_target):
+    run = start_target(restart={"backoff_initial": 60, "backoff_max": 60})
+    await run.reaches(S.READY)
+    run.process.exit(-9)
+    await run.reaches(S.BACKOFF)
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == CRASH_AND_RESTART
+    assert run.sup.restarts == 0  # a command, not the restart policy, started it
+    assert run.events[-3].reason == "draft length 8 -> 4"
+
+
+# --- health: degraded, hang, start timeout ---
+
+DEGRADED_AND_BACK = [*START, (S.READY, S.DEGRADED), (S.DEGRADED, S.READY)]
+
+
+async def test_a_failed_probe_degrades_and_a_passing_one_recovers(start_target):
+    run = start_target(health={"failures": 100})
+    await run.reaches(S.READY)
+    run.world.readiness = Readiness.UNHEALTHY
+    await run.reaches(S.DEGRADED)
+    assert run.sup.serving  # degraded still takes requests: a slow probe is no outage
+    run.world.readiness = Readiness.READY
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == DEGRADED_AND_BACK
+
+
+HANG = [*START, (S.READY, S.DEGRADED), (S.DEGRADED, S.BACKOFF), (S.BACKOFF, S.STARTING), *RESTART_TO_READY]
+
+
+async def test_a_hung_server_is_killed_and_restarted(start_target):
+    run = start_target()
+    await run.reaches(S.READY)
+    hung = run.process
+    run.world.probe_hangs = True
+    await run.reaches(S.BACKOFF)
+    run.world.probe_hangs = False
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == HANG
+    assert hung.signals == ["SIGKILL"]  # a hung process does not get to ignore SIGTERM
+    backoff = next(e for e in run.events if e.new == "backoff")
+    assert "3 failed health checks in a row" in backoff.reason
+
+
+async def test_a_degraded_target_that_crashes_for_good_fails(start_target):
+    run = start_target(health={"failures": 100})
+    await run.reaches(S.READY)
+    run.world.readiness = Readiness.UNHEALTHY
+    await run.reaches(S.DEGRADED)
+    run.world.load_error = True
+    run.process.exit(1)
+    await run.reaches(S.FAILED)
+    assert run.transitions == [*START, (S.READY, S.DEGRADED), (S.DEGRADED, S.FAILED)]
+
+
+async def test_a_server_that_never_finishes_loading_times_out(start_target):
+    clock = FakeClock()
+    run = start_target(clock=clock, health={"start_timeout": 100}, restart={"max_crashes": 1})
+    run.world.readiness = Readiness.LOADING
+    await run.until(lambda: run.world.probes >= 1)  # the start_timeout clock is running
+    clock.advance(101)
+    await run.reaches(S.FAILED)
+    assert "not ready within start_timeout (100s)" in run.events[-1].reason
+    assert run.process.signals == ["SIGKILL"]
+
+
+# --- planned restart with drain, stop, shutdown, detach ---
+
+PLANNED_RESTART = [*START, (S.READY, S.STOPPING), (S.STOPPING, S.STARTING), *RESTART_TO_READY]
+
+
+async def test_a_planned_restart_waits_for_requests_in_flight(start_target):
+    run = start_target(restart={"stop_grace": 30})
+    await run.reaches(S.READY)
+    first = run.process
+    leave = asyncio.Event()
+
+    async def request() -> list[str]:
+        async with run.sup.relaying():
+            await leave.wait()
+            return list(first.signals)  # what the process had been sent meanwhile
+
+    client = asyncio.create_task(request())
+    await run.until(lambda: run.sup.requests.in_flight == 1)
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.reaches(S.STOPPING)
+    assert not run.sup.serving  # new requests wait from here on
+    leave.set()
+    assert await client == []  # not stopped under the request
+    await run.reaches(S.READY, times=2)
+    assert first.signals == ["SIGTERM"]
+    assert run.transitions == PLANNED_RESTART
+
+
+async def test_a_drain_that_outlasts_stop_grace_stops_anyway(start_target):
+    run = start_target(restart={"stop_grace": 0.05})
+    await run.reaches(S.READY)
+    leave = asyncio.Event()
+
+    async def request() -> None:
+        async with run.sup.relaying():
+            await leave.wait()
+
+    client = asyncio.create_task(request())
+    await run.until(lambda: run.sup.requests.in_flight == 1)
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == PLANNED_RESTART
+    leave.set()
+    await client
+
+
+async def test_a_process_that_ignores_sigterm_is_killed_after_stop_grace(start_target):
+    run = start_target(restart={"stop_grace": 0.05})
+    await run.reaches(S.READY)
+    run.world.ignores_sigterm = True
+    proc = run.process
+    await run.sup.shutdown("daemon stopping")
+    assert proc.signals == ["SIGTERM", "SIGKILL"]
+
+
+SHUTDOWN = [*START, (S.READY, S.STOPPING), (S.STOPPING, S.STOPPED)]
+
+
+async def test_shutdown_stops_the_process_and_ends_the_owner_task(start_target):
+    run = start_target()
+    await run.reaches(S.READY)
+    await run.sup.shutdown("daemon stopping")
+    assert run.transitions == SHUTDOWN
+    assert run.process.signals == ["SIGTERM"] and run.process.returncode == -15
+    assert run.sup._task is not None and run.sup._task.done()
+
+
+async def test_shutdown_while_loading_stops_the_process(start_target):
+    run = start_target()
+    run.world.readiness = Readiness.LOADING
+    await run.reaches(S.LOADING)
+    await run.sup.shutdown("daemon stopping")
+    assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, S.LOADING),
+                               (S.LOADING, S.STOPPING), (S.STOPPING, S.STOPPED)]
+
+
+async def test_shutdown_while_degraded_stops_the_process(start_target):
+    run = start_target(health={"failures": 100})
+    await run.reaches(S.READY)
+    run.world.readiness = Readiness.UNHEALTHY
+    await run.reaches(S.DEGRADED)
+    await run.sup.shutdown("daemon stopping")
+    assert run.transitions == [*START, (S.READY, S.DEGRADED), (S.DEGRADED, S.STOPPING), (S.STOPPING, S.STOPPED)]
+
+
+DETACH = [*START, (S.READY, S.DETACHED)]
+
+
+async def test_detach_leaves_the_process_running(start_target):
+    run = start_target(detaches=True)
+    await run.reaches(S.READY)
+    await run.sup.detach("daemon stopping; stop_targets_on_exit is false")
+    assert run.transitions == DETACH
+    assert run.process.signals == [] and run.process.returncode is None
+
+
+async def test_detach_while_loading_or_degraded_leaves_the_process_running(start_target):
+    loading = start_target(detaches=True)
+    loading.world.readiness = Readiness.LOADING
+    await loading.reaches(S.LOADING)
+    await loading.sup.detach("daemon stopping")
+    degraded = start_target(detaches=True, health={"failures": 100})
+    await degraded.reaches(S.READY)
+    degraded.world.readiness = Readiness.UNHEALTHY
+    await degraded.reaches(S.DEGRADED)
+    await degraded.sup.detach("daemon stopping")
+    assert loading.transitions[-1] == (S.LOADING, S.DETACHED)
+    assert degraded.transitions[-1] == (S.DEGRADED, S.DETACHED)
+    assert loading.process.returncode is None and degraded.process.returncode is None
+
+
+async def test_a_process_that_dies_while_loading_backs_off(start_target):
+    run = start_target()
+    run.world.readiness = Readiness.LOADING
+    await run.reaches(S.LOADING)
+    run.process.exit(-11)
+    await run.reaches(S.LOADING, times=2)
+    assert run.transitions[:4] == [(S.STOPPED, S.STARTING), (S.STARTING, S.LOADING),
+                                   (S.LOADING, S.BACKOFF), (S.BACKOFF, S.STARTING)]
+    assert "killed by signal SIGSEGV" in run.events[2].reason
+
+
+# --- the table itself ---
+
+SCENARIOS = [START, CRASH_AND_RESTART, LOADING_CRASH_LOOP, READY_TO_FAILED, DEGRADED_AND_BACK,
+             HANG, PLANNED_RESTART, SHUTDOWN, DETACH,
+             [(S.STARTING, S.FAILED), (S.FAILED, S.STARTING), (S.BACKOFF, S.STOPPED),
+              (S.LOADING, S.STOPPING), (S.DEGRADED, S.STOPPING), (S.DEGRADED, S.FAILED),
+              (S.LOADING, S.DETACHED), (S.DEGRADED, S.DETACHED)]]
+
+
+def test_every_allowed_transition_is_exercised_by_a_scenario_above():
+    allowed = {(old, new) for old, news in ALLOWED.items() for new in news}
+    asserted = {edge for scenario in SCENARIOS for edge in scenario}
+    assert asserted == allowed, (f"never exercised: {sorted(allowed - asserted)}; "
+                                 f"not allowed: {sorted(asserted - allowed)}")
