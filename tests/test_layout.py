@@ -1,0 +1,126 @@
+"""The package layout stays walkable (docs/architecture.md): no import cycle, small modules
+and functions, one package per concern, plugins on the one public import path.
+
+The import graph is read from the source with `ast`, counting every import: top level,
+inside functions and under TYPE_CHECKING alike, since a cycle hidden in any of them still
+ties two modules together for a reader.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("supervisor", "plugins")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """Project modules that `path` imports (a `from pkg import mod` names the module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    return {m for m in found if m in known}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    # A package's __init__ is not where its modules' code lives: importing
+    # `supervisor.plugin.backend` runs `supervisor.plugin` too, but a cycle through an
+    # __init__ that only re-exports is still a cycle, so __init__ modules stay in the graph.
+    return {name: imports(path, set(mods)) - {name} for name, path in mods.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_project_has_no_import_cycle():
+    edges = graph()
+    # A package's __init__ importing its own submodules is how re-exports work, not a cycle
+    # between concerns; cycles are looked for between distinct modules.
+    for name in edges:
+        edges[name] = {m for m in edges[name] if not (
+            modules()[name].name == "__init__.py" and m.startswith(name + "."))}
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_is_longer_than_400_lines():
+    long = {str(p.relative_to(REPO)): n for p in modules().values()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length})")
+    assert long == []
+
+
+def test_supervisor_has_about_a_dozen_entries_one_per_concern():
+    entries = sorted(p.name for p in (REPO / "supervisor").iterdir()
+                     if p.name != "__pycache__" and not p.name.startswith("__"))
+    assert entries == ["api", "atomicfile.py", "bench", "cli", "config", "daemon", "errors.py",
+                       "events.py", "gpu", "launcher", "models", "plugin", "target", "tuning"]
+
+
+def test_built_in_plugins_import_only_the_public_plugin_path():
+    edges = graph()
+    for name, deps in edges.items():
+        if not name.startswith("plugins."):
+            continue
+        own = name.split(".")[:2]
+        outside = {d for d in deps if not d.startswith(".".join(own))
+                   and d != "plugins" and d != "supervisor.plugin"}
+        assert outside == set(), f"{name} imports {sorted(outside)}"
+
+
+def test_the_http_side_does_not_know_the_daemon():
+    for name, deps in graph().items():
+        if name.startswith("supervisor.api"):
+            assert not {d for d in deps if d.startswith("supervisor.daemon")}, name
