@@ -32,6 +32,7 @@ LAUNCHERS = ("process", "systemd", "external")
 
 
 def default_state_dir() -> str:
+    """`/var/lib/specfleet` as root, else `$XDG_STATE_HOME/specfleet` (`~/.local/state/specfleet`)"""
     if os.geteuid() == 0:
         return "/var/lib/specfleet"
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -71,23 +72,35 @@ class _Strict(BaseModel):
 class Length(_Strict):
     """Draft length (tokens drafted per step): where to start and the bounds the tuner keeps to."""
 
-    start: int | None = Field(default=None, ge=0, le=1024)
-    min: int = Field(default=1, ge=0, le=1024)
-    max: int | None = Field(default=None, ge=1, le=1024)
+    start: int | None = Field(default=None, ge=0, le=1024, description=(
+        "Draft length at the start; unset: the runtime's own default for the method."))
+    min: int = Field(default=1, ge=0, le=1024, description="Shortest draft length the tuner may choose.")
+    max: int | None = Field(default=None, ge=1, le=1024, description=(
+        "Longest draft length the tuner may choose; unset: the backend's ceiling for the method."))
 
 
 class Speculation(_Strict):
-    method: Literal["none", "draft", "eagle", "eagle3", "mtp", "dflash", "ngram", "suffix"] = "none"
-    variant: Literal["mod", "simple", "map-k", "map-k4v", "cache"] | None = None
-    draft: str | None = None
-    length: Length = Length()
+    """Speculative decoding: where the drafts come from and how many tokens one step drafts."""
+
+    method: Literal["none", "draft", "eagle", "eagle3", "mtp", "dflash", "ngram", "suffix"] = Field(
+        default="none", description=(
+            "Where drafts come from: nowhere, a draft model, a head (`eagle`, `eagle3`, `mtp`, "
+            "`dflash`) or the context (`ngram`, `suffix`); `eagle` and `suffix` are vLLM only."))
+    variant: Literal["mod", "simple", "map-k", "map-k4v", "cache"] | None = Field(
+        default=None, description="The n-gram variant, for method `ngram` only; unset: `mod`.")
+    draft: str | None = Field(default=None, description=(
+        "Draft model or head file: required for `draft`, `eagle`, `eagle3` and `dflash`, "
+        "optional for `mtp`, refused for `ngram` and `suffix`."))
+    length: Length = Field(default=Length(), description="Draft length: start value and the tuner's bounds.")
 
 
 class ApiKey(_Strict):
-    """Where the API key comes from; the key itself never appears in the fleet file or logs."""
+    """Where the API key comes from; the key itself never appears in the fleet file or logs.
+    Give exactly one of `env` and `file`."""
 
-    env: str | None = None
-    file: str | None = None
+    env: str | None = Field(default=None, description="Environment variable that holds the key.")
+    file: str | None = Field(default=None, description=(
+        "File that holds the key; read on every use, so a rotated key needs no restart."))
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ApiKey:
@@ -110,36 +123,62 @@ class ApiKey(_Strict):
 
 
 class Restart(_Strict):
-    backoff_initial: Seconds = 2.0
-    backoff_max: Seconds = 300.0
-    backoff_multiplier: float = Field(default=2.0, ge=1.0, le=10.0)
-    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
-    max_crashes: int = Field(default=5, ge=1, le=1000)
-    window: Seconds = 600.0
-    stop_grace: Seconds = 15.0
+    """Crash handling: restarts with exponential backoff, and giving up on a crash loop."""
+
+    backoff_initial: Seconds = Field(default=2.0, description=(
+        "Delay before the first restart; each further crash within `window` multiplies it."))
+    backoff_max: Seconds = Field(default=300.0, description="Longest delay before a restart.")
+    backoff_multiplier: float = Field(default=2.0, ge=1.0, le=10.0, description=(
+        "Factor by which the delay grows with each recent crash."))
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0, description=(
+        "Random spread of each delay (0.2: ±20 %), so targets that crashed together do not "
+        "restart together."))
+    max_crashes: int = Field(default=5, ge=1, le=1000, description=(
+        "This many crashes within `window` and the target is `failed` (given up on)."))
+    window: Seconds = Field(default=600.0, description="Span over which crashes are counted.")
+    stop_grace: Seconds = Field(default=15.0, description=(
+        "Stopping: SIGTERM to the server's process group, this long, then SIGKILL."))
 
 
 class Health(_Strict):
-    interval: Seconds = 5.0
-    timeout: Seconds = Field(default=5.0, gt=0)
-    failures: int = Field(default=3, ge=1, le=100)
-    start_timeout: Seconds = 600.0
-    metrics_interval: Seconds = 15.0
+    """Readiness and liveness probes, and how often the runtime's counters are read."""
+
+    interval: Seconds = Field(default=5.0, description=(
+        "Time between two probes (0.5 s while the model loads); must be above 0."))
+    timeout: Seconds = Field(default=5.0, gt=0, description="A probe slower than this counts as failed.")
+    failures: int = Field(default=3, ge=1, le=100, description=(
+        "Failed probes in a row, while the process is alive, after which it is declared hung, "
+        "killed and restarted."))
+    start_timeout: Seconds = Field(default=600.0, description=(
+        "A server still loading after this long has failed to start."))
+    metrics_interval: Seconds = Field(default=15.0, description=(
+        "Time between two reads of the runtime's acceptance counters."))
 
 
 class Tuning(_Strict):
     """Draft-length autotuning (docs/tuning.md). A retune is a restart of the server."""
 
-    enabled: bool = True
-    min_gain: Fraction = 0.05  # retune only for a predicted gain of at least 5 %
-    off_margin: Fraction = 0.03  # speculation must beat "off" by 3 % to stay on
-    cooldown: Seconds = 900.0  # between two changes, unless acceptance drifted
-    reprobe: Seconds = 3600.0  # after turning speculation off, try it again
-    max_wait: Seconds = 600.0  # wait this long for an idle server before applying anyway
-    min_steps: int = Field(default=200, ge=1)  # verification steps of evidence per decision
-    min_tokens: int = Field(default=1000, ge=1)  # tokens served before (and for) a baseline
-    window_steps: int = Field(default=4000, ge=10)  # acceptance window size
-    drift_threshold: float = Field(default=1.5, gt=0)  # Page-Hinkley threshold
+    enabled: bool = Field(default=True, description=(
+        "Tune the draft length, and turn speculation off where it does not pay."))
+    min_gain: Fraction = Field(default=0.05, description=(
+        "Predicted gain needed before a retune to a new length."))
+    off_margin: Fraction = Field(default=0.03, description=(
+        'How much speculation must beat "off" by to stay on.'))
+    cooldown: Seconds = Field(default=900.0, description=(
+        "Least time between two changes, unless acceptance drifted."))
+    reprobe: Seconds = Field(default=3600.0, description=(
+        "After speculation was turned off, try it again after this long."))
+    max_wait: Seconds = Field(default=600.0, description=(
+        "How long a retune waits for an idle server before it is applied anyway."))
+    min_steps: int = Field(default=200, ge=1, description=(
+        "Verification steps of evidence needed for each decision."))
+    min_tokens: int = Field(default=1000, ge=1, description=(
+        "Tokens served before the baseline without speculation is measured, and the length of "
+        "that measurement."))
+    window_steps: int = Field(default=4000, ge=10, description=(
+        "Size of the acceptance window, in verification steps."))
+    drift_threshold: float = Field(default=1.5, gt=0, description=(
+        "Threshold of the Page-Hinkley drift test on the acceptance rate; lower reacts sooner."))
 
 
 class TargetDefaults(_Strict):
@@ -161,24 +200,44 @@ class TargetDefaults(_Strict):
 
 
 class Target(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-    backend: str = "llamacpp"
-    launcher: Literal["process", "systemd", "external"] = "process"
-    model: str
-    speculation: Speculation = Speculation()
-    host: str = "127.0.0.1"
-    port: int = Field(ge=1, le=65535)
-    gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
-    args: Annotated[tuple[str, ...], BeforeValidator(_argv_item)] = ()
-    env: Annotated[dict[str, str], BeforeValidator(_env_values)] = Field(default_factory=dict)
-    binary: str | None = None
-    api_key: ApiKey | None = None
-    restart: Restart = Restart()
-    health: Health = Health()
-    tuning: Tuning = Tuning()
-    # Backend-specific settings, checked by the backend (e.g. vLLM's prompt_lookup_min,
-    # Ollama's models_dir); see each backend in README.md.
-    options: dict[str, Any] = Field(default_factory=dict)
+    """One LLM server: a runtime (the backend) serving one model on one port."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description=(
+        "Not written: the target's name is its key under `targets:`; letters, digits, `.`, `_` "
+        "and `-`, starting with a letter or digit, at most 63 characters."))
+    backend: str = Field(default="llamacpp", description=(
+        "The backend plugin that runs it: `llamacpp`, `vllm`, `ollama` or a third-party one; "
+        "`specfleet check` lists those installed."))
+    launcher: Literal["process", "systemd", "external"] = Field(default="process", description=(
+        "`process`: a child of the daemon; `systemd`: the unit `specfleet-<name>.service`; "
+        "`external`: a server already running (Ollama), specfleet manages only its model."))
+    model: str = Field(description=(
+        "The model the runtime serves: a GGUF file for llama.cpp; for vLLM and Ollama also a "
+        "model directory, repo id or tag."))
+    speculation: Speculation = Field(default=Speculation(), description=(
+        "Speculative decoding: method, draft file and draft length."))
+    host: str = Field(default="127.0.0.1", description=(
+        "Address the server binds; `0.0.0.0` exposes it beyond this machine (then set `api_key`)."))
+    port: int = Field(ge=1, le=65535, description=(
+        "Port the server listens on; every target needs its own."))
+    gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = Field(
+        default=None, description=(
+            "GPUs, as `CUDA_VISIBLE_DEVICES`: an index, a list of indices, `all`, or `none` (CPU "
+            "only); unset: the VRAM planner places it."))
+    args: Annotated[tuple[str, ...], BeforeValidator(_argv_item)] = Field(default=(), description=(
+        "Extra runtime arguments, appended last; flags specfleet sets itself are refused."))
+    env: Annotated[dict[str, str], BeforeValidator(_env_values)] = Field(
+        default_factory=dict, description="Extra environment variables of the server.")
+    binary: str | None = Field(default=None, description=(
+        "The runtime executable; unset: the backend's command on PATH (llama.cpp: then "
+        "specfleet's cache)."))
+    api_key: ApiKey | None = Field(default=None, description=(
+        "API key the server demands, passed by environment (never in argv); unset: none."))
+    restart: Restart = Field(default=Restart(), description="What happens after a crash.")
+    health: Health = Field(default=Health(), description="Health probes and counter reads.")
+    tuning: Tuning = Field(default=Tuning(), description="Draft-length autotuning.")
+    options: dict[str, Any] = Field(default_factory=dict, description=(
+        "Backend-specific settings, checked by the backend (README.md, backend options)."))
 
     @property
     def probe_host(self) -> str:
@@ -195,19 +254,27 @@ class Target(_Strict):
 class GpuSettings(_Strict):
     """VRAM planning and the GPU monitor (docs/gpus.md)."""
 
-    headroom: Bytes = 1 << 30  # keep this much free on every GPU
-    # Memory per GPU (index order) to plan against when NVML cannot read it; empty: read it.
-    memory: tuple[Annotated[int, BeforeValidator(parse_size), Field(gt=0)], ...] = ()
-    interval: Seconds = 15.0  # between two readings of the monitor
-    refuse: bool = True  # refuse a target that does not fit (false: warn and start it)
+    headroom: Bytes = Field(default=1 << 30, description=(
+        "Memory the VRAM planner keeps free on every GPU; falling below it is an event."))
+    memory: tuple[Annotated[int, BeforeValidator(parse_size), Field(gt=0)], ...] = Field(
+        default=(), description=(
+            "Memory per GPU (index order) to plan against when NVML cannot read it, such as "
+            "`[24GiB, 24GiB]`; empty: read it."))
+    interval: Seconds = Field(default=15.0, description=(
+        "Time between two readings of the GPU and process monitor."))
+    refuse: bool = Field(default=True, description=(
+        "Refuse to start a target that does not fit; `false`: warn and start it."))
 
 
 class SystemdSettings(_Strict):
     """`launcher: systemd` (docs/systemd.md)."""
 
-    scope: Literal["system", "user"] = "system"
-    unit_dir: str | None = None  # default /etc/systemd/system, or ~/.config/systemd/user
-    watchdog: Seconds = Field(default=30.0, gt=0)  # WatchdogSec= of the daemon's own unit
+    scope: Literal["system", "user"] = Field(default="system", description=(
+        "The system manager, or the user's (`systemctl --user`)."))
+    unit_dir: str | None = Field(default=None, description=(
+        "Where unit files are written; unset: `/etc/systemd/system`, or "
+        "`~/.config/systemd/user` for scope `user`."))
+    watchdog: Seconds = Field(default=30.0, gt=0, description="`WatchdogSec=` of the daemon's own unit.")
 
 
 def _check_host_port(value: str) -> str:
@@ -220,9 +287,10 @@ def _check_host_port(value: str) -> str:
 class Proxy(_Strict):
     """The OpenAI-compatible proxy in front of the targets (docs/api.md)."""
 
-    enabled: bool = True
-    listen: str = "127.0.0.1:9911"
-    hold: Seconds = 120.0  # how long a request waits for a restarting target
+    enabled: bool = Field(default=True, description="Run the proxy.")
+    listen: str = Field(default="127.0.0.1:9911", description="`HOST:PORT` the proxy listens on.")
+    hold: Seconds = Field(default=120.0, description=(
+        "How long a request waits for a restarting target before it fails."))
 
     @field_validator("listen")
     @classmethod
@@ -231,20 +299,28 @@ class Proxy(_Strict):
 
 
 class Daemon(_Strict):
-    state_dir: str = Field(default_factory=default_state_dir)
-    log_dir: str | None = None  # default: <state_dir>/logs
-    api: str = "127.0.0.1:9910"
-    # Bearer token for the API and the proxy (everything but /healthz); required when either
-    # listens beyond loopback.
-    api_token: ApiKey | None = None
-    proxy: Proxy = Proxy()
-    log_max_bytes: Bytes = 10 * 1024 * 1024
-    log_backups: int = Field(default=3, ge=0, le=100)
-    gpu: GpuSettings = GpuSettings()
-    systemd: SystemdSettings = SystemdSettings()
-    # SIGTERM of the daemon also stops targets run by systemd (process-launcher targets always
-    # stop with the daemon). Default false: a daemon restart or upgrade must not reload models.
-    stop_targets_on_exit: bool = False
+    """The daemon's own settings; they take effect at the next daemon start, not at a reload."""
+
+    state_dir: str = Field(default_factory=default_state_dir, description=(
+        "Where `status.json`, `events.jsonl`, `tuning.json`, run records and the lock go: one "
+        "daemon per state dir."))
+    log_dir: str | None = Field(default=None, description=(
+        "Where each target's output goes, as `<target>.log`; unset: `<state_dir>/logs`."))
+    api: str = Field(default="127.0.0.1:9910", description=(
+        "`HOST:PORT` of the HTTP API and the Prometheus `/metrics` (docs/api.md)."))
+    api_token: ApiKey | None = Field(default=None, description=(
+        "Bearer token of the API and the proxy (all but `/healthz`); required when either "
+        "listens beyond loopback; unset: no authentication."))
+    proxy: Proxy = Field(default=Proxy(), description="The OpenAI-compatible proxy.")
+    log_max_bytes: Bytes = Field(default=10 * 1024 * 1024, description=(
+        "Size at which a target's log is rotated; `0`: never."))
+    log_backups: int = Field(default=3, ge=0, le=100, description="Rotated logs kept per target.")
+    gpu: GpuSettings = Field(default=GpuSettings(), description="VRAM planning and the GPU monitor.")
+    systemd: SystemdSettings = Field(default=SystemdSettings(), description=(
+        "The systemd launcher and the daemon's own unit."))
+    stop_targets_on_exit: bool = Field(default=False, description=(
+        "SIGTERM of the daemon also stops targets run by systemd (process targets always stop "
+        "with it); `false`, so that a daemon restart does not reload models."))
 
     @field_validator("api")
     @classmethod
@@ -257,10 +333,14 @@ class Daemon(_Strict):
 
 
 class Fleet(_Strict):
-    version: Literal[1]
-    daemon: Daemon = Daemon()
-    defaults: TargetDefaults = TargetDefaults()
-    targets: dict[str, Target] = Field(default_factory=dict)
+    """A fleet file: its version, the daemon's settings, defaults for targets, the targets."""
+
+    version: Literal[1] = Field(description="The schema version; `1` is the only one.")
+    daemon: Daemon = Field(default=Daemon(), description="The daemon's own settings.")
+    defaults: TargetDefaults = Field(default=TargetDefaults(), description=(
+        "Keys every target inherits; a target's own value wins."))
+    targets: dict[str, Target] = Field(default_factory=dict, description=(
+        "The LLM servers to run, by name."))
 
     @model_validator(mode="before")
     @classmethod
