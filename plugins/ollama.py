@@ -2,7 +2,7 @@
 optionally its own models directory), writes a Modelfile (FROM, DRAFT, PARAMETER lines),
 runs `ollama create`, and loads the model with keep_alive so that it stays loaded.
 
-Formats as recorded in ../shared/RUNTIMES.md (Ollama 0.33): `DRAFT <local gguf>` in the
+Formats of Ollama 0.33 as recorded in tests/fake_runtimes.py: `DRAFT <local gguf>` in the
 Modelfile, `draft_num_predict` (changing it reloads the runner: a retune is a restart),
 no acceptance counters in the API: acceptance is read from the embedded llama-server's
 `draft acceptance = ...` lines in the server's output (the same lines llama-server b11434

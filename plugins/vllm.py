@@ -1,6 +1,6 @@
 """vLLM (`vllm serve`) backend.
 
-Flags, endpoints and metric names as recorded in ../shared/RUNTIMES.md (vLLM 0.33):
+Flags, endpoints and metric names as recorded for vLLM 0.33 (tests/fixtures/README.md):
 speculation is one `--speculative-config` JSON; `num_speculative_tokens` cannot change at
 run time, so a retune is a restart; `/health` refuses connections while loading, then
 answers 200 (503: the engine died); `/metrics` carries `vllm:spec_decode_*` counters per
