@@ -1,0 +1,62 @@
+"""`specfleet check`: validate a fleet file and print the exact command of every target."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import psutil
+
+from supervisor.cli.common import load
+from supervisor.daemon import statusfile
+from supervisor.gpu import nvml as gpus
+from supervisor.gpu import placement
+from supervisor.plugin.registry import default_registry
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="validate a fleet file and print each target's command",
+                       description="Validate FILE (every problem at once, with its line) and "
+                       "print the exact command each target would run. Exit 2 if invalid.")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    registry = default_registry()
+    loaded = load(args.file, registry)
+    fleet = loaded.fleet
+    print(f"{args.file}: OK, {len(fleet.targets)} target(s)")
+    backends = {name: registry.backend_for(t) for name, t in fleet.targets.items()}
+    fleet_plan = placement.make_plan(backends, gpus.read(), fleet.daemon.gpu,
+                                     ours=_running_fleet_vram(fleet.daemon.state_dir),
+                                     host_available=psutil.virtual_memory().available)
+    for target in fleet.targets.values():
+        backend = backends[target.name]
+        spec = backend.launch_spec(placement=placement.assignment_in(fleet_plan, target.name))
+        method = target.speculation.method
+        if target.speculation.variant:
+            method += f" ({target.speculation.variant})"
+        print(f"\n[{target.name}] backend {target.backend}, {target.base_url}, speculation "
+              f"{method}, launcher {target.launcher}")
+        print(f"  {spec.shell_line()}")
+        for extra in backend.describe_launch(spec):
+            print("  " + extra.replace("\n", "\n  "))
+    print("\n" + placement.render(fleet_plan))
+    refused = fleet_plan.plan.refused if fleet_plan.plan is not None else {}
+    if refused and fleet.daemon.gpu.refuse:
+        for name, why in refused.items():
+            print(f"{args.file}: targets.{name}: does not fit in GPU memory: {why}",
+                  file=sys.stderr)
+        return 2
+    return 0
+
+
+def _running_fleet_vram(state_dir: str) -> dict[int, int]:
+    """VRAM per GPU held by the targets of a daemon running on this state_dir: `check` on a
+    running system plans as if that fleet were replaced, not added."""
+    status = statusfile.read(Path(state_dir).expanduser())
+    if status is None or not statusfile.daemon_alive(status.get("daemon", {})):
+        return {}
+    return placement.held_vram(t.get("resources") or {} for t in status.get("targets", []))

@@ -1,0 +1,92 @@
+"""`specfleet status`: what the running daemon sees, from its API or its status file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from supervisor.cli import statusview
+from supervisor.config.loader import load_fleet
+from supervisor.config.schema import default_state_dir
+from supervisor.daemon import statusfile
+from supervisor.errors import SpecfleetError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show each target's state, pid, uptime and restarts",
+                       description="Read the running daemon's status file. Exit 3 if the "
+                       "daemon that wrote it is no longer running.")
+    p.add_argument("file", metavar="FILE", nargs="?", help="fleet file (to find its state_dir)")
+    p.add_argument("--state-dir", help=f"state directory (default {default_state_dir()})")
+    p.add_argument("--target", help="one target in detail, with what actually ran at its last "
+                   "launch (argv, runtime version, sha256 of model and draft, GPUs)")
+    p.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.state_dir:
+        state_dir = Path(args.state_dir).expanduser()
+    elif args.file:
+        state_dir = Path(load_fleet(args.file).fleet.daemon.state_dir).expanduser()
+    else:
+        state_dir = Path(default_state_dir())
+    status = statusfile.read(state_dir)
+    token = None
+    if args.file:
+        from supervisor.api.server import read_api_token
+
+        token = read_api_token(load_fleet(args.file).fleet)
+    if status is not None:
+        status["source"] = f"file {state_dir / statusfile.STATUS_FILE}"
+        if statusfile.daemon_alive(status.get("daemon", {})):
+            status = _status_from_api(status, token) or status
+    if status is None:
+        print(f"no specfleet daemon has run with state_dir {state_dir} "
+              "(give the fleet file or --state-dir)", file=sys.stderr)
+        return 1
+    alive = statusfile.daemon_alive(status.get("daemon", {}))
+    if args.target:
+        from supervisor.target import runrecord
+
+        target = next((t for t in status.get("targets", []) if t["name"] == args.target), None)
+        if target is None:
+            names = ", ".join(t["name"] for t in status.get("targets", [])) or "(none)"
+            raise SpecfleetError(f"no target {args.target!r} in the status; targets: {names}")
+        record = runrecord.read_latest(state_dir, args.target)
+        if args.json:
+            print(json.dumps({**target, "run_record": record}, indent=1))
+        else:
+            print(statusview.render_target(target, record))
+        return 0 if alive else 3
+    if args.json:
+        print(json.dumps({**status, "daemon_running": alive}, indent=1))
+    else:
+        print(statusview.render(status, alive))
+    return 0 if alive else 3
+
+
+def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any] | None:
+    """The live status from the running daemon's API (fresher than the file, which is
+    rewritten every few seconds); None if the API cannot be asked."""
+    import urllib.error
+    import urllib.request
+
+    api = status.get("daemon", {}).get("api")
+    if not api:
+        return None
+    host, _, port = api.rpartition(":")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+    req = urllib.request.Request(f"http://{host}:{port}/v1/targets",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None  # no token, or the API is down: the status file still tells
+    if not isinstance(data, dict) or "targets" not in data:
+        return None
+    return {**data, "source": f"api http://{host}:{port}"}
