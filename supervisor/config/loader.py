@@ -52,13 +52,13 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _unwrap(annotation: Any) -> list[Any]:
-    """The concrete types inside Optional/Union/Annotated."""
+def unwrap_annotation(annotation: Any) -> list[Any]:
+    """The concrete types inside Optional/Union/Annotated (NoneType included)."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
+        return unwrap_annotation(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+        return [t for arg in typing.get_args(annotation) for t in unwrap_annotation(arg)]
     return [annotation]
 
 
@@ -67,7 +67,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     current: Any = Fleet
     for step in loc:
         nxt = None
-        for candidate in _unwrap(current):
+        for candidate in unwrap_annotation(current):
             if isinstance(candidate, type) and issubclass(candidate, BaseModel):
                 field = candidate.model_fields.get(str(step))
                 if field is not None:
@@ -79,7 +79,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         if nxt is None:
             return None
         current = nxt
-    models = [t for t in _unwrap(current) if isinstance(t, type) and issubclass(t, BaseModel)]
+    models = [t for t in unwrap_annotation(current) if isinstance(t, type) and issubclass(t, BaseModel)]
     return models[0] if models else None
 
 

@@ -11,7 +11,6 @@ valid values (from the annotation, its validators and its bounds), its default a
 from __future__ import annotations
 
 import re
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ import annotated_types
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
+from supervisor.config.loader import unwrap_annotation
 from supervisor.config.schema import Fleet
 from supervisor.config.units import parse_duration, parse_fraction, parse_size
 
@@ -106,12 +106,7 @@ class Section:
 
 def _unwrap(annotation: Any) -> list[Any]:
     """The types inside Annotated, Optional and unions, None left out."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
-    return [] if annotation is type(None) else [annotation]
+    return [t for t in unwrap_annotation(annotation) if t is not type(None)]
 
 
 def nested_model(annotation: Any) -> tuple[type[BaseModel], str] | None:
