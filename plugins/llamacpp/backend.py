@@ -27,6 +27,7 @@ from supervisor.plugin import (
     Estimate,
     Failure,
     FailureKind,
+    FileIdentity,
     Generation,
     LaunchSpec,
     MetricsSample,
@@ -37,6 +38,7 @@ from supervisor.plugin import (
     SpecfleetError,
     Target,
     dense_positions,
+    file_identity,
     find_out_of_memory,
     llamacpp_model,
     parse_prometheus,
@@ -91,8 +93,9 @@ _CTX_SWITCHES = {"--swa-full": ("swa_full", True), "-kvu": ("unified", True),
                  "--no-kv-unified": ("unified", False)}
 AUTO_PARALLEL = 4  # llama-server's choice for --parallel -1 (auto), with a unified KV cache
 
-# `--help` costs a second; ask each binary once per daemon (keyed by path, size, mtime).
-_help_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
+# `--help` costs a second; ask each binary once per daemon (keyed by its file identity, so
+# a binary rebuilt or replaced in place is asked again).
+_help_cache: dict[FileIdentity, tuple[str, str]] = {}
 
 
 def method_args(target: Target, draft_length: int | None, speculation: bool = True) -> list[str]:
@@ -338,8 +341,9 @@ def parse_metrics(text: str, process_start: float | None) -> MetricsSample:
 
 async def _describe(binary: str) -> tuple[str, str]:
     """(--help text, version line) of a llama-server binary, cached per file identity."""
-    st = os.stat(binary)
-    key = (binary, st.st_size, st.st_mtime_ns)
+    key = file_identity(binary)
+    if key is None:
+        raise SpecfleetError(f"cannot read {binary}")
     if key not in _help_cache:
         help_text = await _output(binary, "--help")
         version = await _output(binary, "--version")

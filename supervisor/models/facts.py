@@ -1,24 +1,17 @@
 """What a model file says about itself: shape, size, quantisation and tokenizer.
 
-GGUF files are read from their header only. The parsing loop is our own, over the
-format and constants of the `gguf` package (value types, quantisation block sizes):
-`gguf.GGUFReader` builds a numpy view per metadata string, which takes ~20 s for a
-262k-token vocabulary on these machines, too slow for a check before every start.
-The tests check this reader against `GGUFReader` on files the `gguf` writer made.
-
-Hugging Face model directories (vLLM targets) are read from config.json,
-tokenizer.json / tokenizer_config.json and the safetensors headers.
-
-Results are cached per file identity (path, size, mtime), so a restart costs nothing.
+GGUF files are read from their header only (`supervisor.models.gguf`), Hugging Face
+model directories (vLLM targets) from config.json, the tokenizer files and the
+safetensors headers (`supervisor.models.hf`). This module turns either into one
+`ModelFacts`. Results are cached per file identity (`supervisor.models.identity`:
+resolved path, device, inode, size, mtime and ctime; for a directory, every file under
+it), so a restart costs nothing and a file replaced in place is read again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import mmap
 import os
-import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +20,13 @@ from typing import Any
 import gguf
 
 from supervisor.errors import SpecfleetError
+from supervisor.models import hf
+from supervisor.models.gguf import TOKENS_KEY, Summary, Tensor, read_header, tensor_bytes
+from supervisor.models.gguf import read_tokens as read_gguf_tokens
+from supervisor.models.identity import FileIdentity, file_identity
+
+__all__ = ["SPECIAL_TOKENS", "SWA_PATTERNS", "ModelFacts", "Tokenizer", "read", "read_tokens",
+           "tensor_bytes"]
 
 # Metadata keys of special tokens that generation depends on.
 SPECIAL_TOKENS = ("bos", "eos", "eot", "eom", "unknown", "padding", "seperator")
@@ -37,18 +37,6 @@ SWA_PATTERNS = {"gemma2": (2, False), "gemma3": (6, False), "gemma-embedding": (
                 "gemma3n": (5, False), "cohere2": (4, False), "llama4": (4, False),
                 "olmo2": (4, False), "exaone4": (4, False), "openai-moe": (2, False),
                 "gpt-oss": (2, False), "plamo3": (8, False), "smallthinker": (4, True)}
-
-_SCALAR = {
-    gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
-    gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
-    gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
-    gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?",
-    gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
-    gguf.GGUFValueType.FLOAT64: "<d",
-}
-# Arrays longer than this are summarised (count, digest), not kept: token lists,
-# scores and merges are tens of MB as Python objects.
-_KEEP_ARRAY = 64
 
 
 @dataclass(frozen=True)
@@ -95,164 +83,47 @@ class ModelFacts:
 def read(path: str | os.PathLike[str]) -> ModelFacts:
     """Facts about a GGUF file or a Hugging Face model directory (cached per file identity)."""
     p = Path(path).expanduser()
-    try:
-        st = p.stat()
-    except OSError as exc:
-        raise SpecfleetError(f"cannot read {p}: {exc.strerror}") from exc
+    identity = file_identity(p)
+    if identity is None:
+        try:
+            p.stat()
+        except OSError as exc:
+            raise SpecfleetError(f"cannot read {p}: {exc.strerror}") from exc
+        raise SpecfleetError(f"cannot read {p}")
     if p.is_dir():
-        return _read_hf_cached(str(p), _dir_identity(p))
-    return _read_gguf_cached(str(p), st.st_size, st.st_mtime_ns)
+        return _read_hf_cached(str(p), identity)
+    return _read_gguf_cached(str(p), identity)
 
 
 def read_tokens(path: str | os.PathLike[str]) -> list[str]:
     """The token texts of a GGUF file or HF directory in id order (to show a difference)."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        return _hf_tokens(p)
-    out: list[str] = []
-    with _GGUFHeader(p) as header:
-        for key, value in header.metadata(want_tokens=True):
-            if key == "tokenizer.ggml.tokens":
-                out = value
-    return out
+    return hf.tokens(p) if p.is_dir() else read_gguf_tokens(p)
 
 
 # --- GGUF ---
 
 @lru_cache(maxsize=64)
-def _read_gguf_cached(path: str, size: int, mtime_ns: int) -> ModelFacts:
-    with _GGUFHeader(Path(path)) as header:
-        meta = dict(header.metadata())
-        tensors = header.tensors()
+def _read_gguf_cached(path: str, identity: FileIdentity) -> ModelFacts:  # identity: the cache key
+    meta, tensors = read_header(Path(path))
     return _facts_from_gguf(path, meta, tensors)
 
 
-class _GGUFHeader:
-    """A forward-only reader of the GGUF header (metadata and tensor infos) over mmap."""
+@dataclass
+class _Totals:
+    parameters: int = 0
+    weight_bytes: int = 0
+    block_parameters: int = 0  # 2-D tensors of the transformer blocks
+    block_bytes: int = 0
+    nextn_tensors: bool = False
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pos = 0
-
-    def __enter__(self) -> _GGUFHeader:
-        try:
-            self._file = open(self.path, "rb")
-            self.buf = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
-            raise SpecfleetError(f"cannot read {self.path}: {exc}") from exc
-        if self.buf[:4] != b"GGUF":
-            self.close()
-            raise SpecfleetError(f"{self.path} is not a GGUF file (it does not start with 'GGUF')")
-        self.pos = 4
-        self.version = self._u32()
-        if self.version not in (2, 3):
-            self.close()
-            raise SpecfleetError(f"{self.path}: GGUF version {self.version} is not supported")
-        self.n_tensors, self.n_kv = self._u64(), self._u64()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.buf.close()
-        self._file.close()
-
-    def _unpack(self, fmt: str) -> Any:
-        try:
-            (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        except struct.error as exc:
-            raise SpecfleetError(f"{self.path}: the GGUF header is truncated") from exc
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def _u32(self) -> int:
-        return int(self._unpack("<I"))
-
-    def _u64(self) -> int:
-        return int(self._unpack("<Q"))
-
-    def _str_bytes(self) -> bytes:
-        n = self._u64()
-        if self.pos + n > len(self.buf):
-            raise SpecfleetError(f"{self.path}: the GGUF header is truncated")
-        raw = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return raw
-
-    def _value(self, vtype: int, key: str, want_tokens: bool) -> Any:
-        if vtype == gguf.GGUFValueType.STRING:
-            return self._str_bytes().decode("utf-8", errors="replace")
-        if vtype == gguf.GGUFValueType.ARRAY:
-            etype, count = self._u32(), self._u64()
-            if etype == gguf.GGUFValueType.STRING:
-                if key == "tokenizer.ggml.tokens" and want_tokens:
-                    return [self._str_bytes().decode("utf-8", errors="replace")
-                            for _ in range(count)]
-                digest = hashlib.sha256()
-                for _ in range(count):
-                    digest.update(self._str_bytes() + b"\0")
-                return _Summary(count, digest.hexdigest())
-            if etype in _SCALAR:
-                size = struct.calcsize(_SCALAR[etype])
-                if count <= _KEEP_ARRAY:
-                    values = list(struct.unpack_from(f"<{count}{_SCALAR[etype][1]}", self.buf,
-                                                     self.pos))
-                    self.pos += size * count
-                    return values
-                self.pos += size * count
-                return _Summary(count, "")
-            return [self._value(etype, key, want_tokens) for _ in range(count)]
-        if vtype in _SCALAR:
-            return self._unpack(_SCALAR[vtype])
-        raise SpecfleetError(f"{self.path}: unknown GGUF value type {vtype} at key {key!r}")
-
-    def metadata(self, want_tokens: bool = False) -> list[tuple[str, Any]]:
-        out = []
-        for _ in range(self.n_kv):
-            key = self._str_bytes().decode("utf-8", errors="replace")
-            out.append((key, self._value(self._u32(), key, want_tokens)))
-        return out
-
-    def tensors(self) -> list[tuple[str, tuple[int, ...], int]]:
-        """(name, shape, ggml type) of every tensor; call after metadata()."""
-        out = []
-        for _ in range(self.n_tensors):
-            name = self._str_bytes().decode("utf-8", errors="replace")
-            n_dims = self._u32()
-            shape = tuple(self._u64() for _ in range(n_dims))
-            ttype = self._u32()
-            self._u64()  # data offset
-            out.append((name, shape, ttype))
-        return out
+    @property
+    def block_bits_per_weight(self) -> float | None:
+        return round(8 * self.block_bytes / self.block_parameters, 2) if self.block_parameters else None
 
 
-@dataclass(frozen=True)
-class _Summary:
-    """A long array: its length and (for strings) a digest."""
-
-    count: int
-    sha256: str
-
-
-def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
-    return n // block * size
-
-
-def _facts_from_gguf(path: str, meta: dict[str, Any],
-                     tensors: list[tuple[str, tuple[int, ...], int]]) -> ModelFacts:
-    arch = str(meta.get("general.architecture", "unknown"))
-
-    def key(name: str) -> Any:
-        value = meta.get(f"{arch}.{name}")
-        return value[0] if isinstance(value, list) and value and name != "target_layers" else value
-
-    params = weight_bytes = block_params = block_bytes = 0
-    nextn_tensors = False
+def _gguf_totals(path: str, tensors: list[Tensor]) -> _Totals:
+    totals = _Totals()
     for name, shape, ttype in tensors:
         n = 1
         for d in shape:
@@ -261,59 +132,77 @@ def _facts_from_gguf(path: str, meta: dict[str, Any],
             nbytes = tensor_bytes(shape, ttype)
         except (ValueError, KeyError) as exc:
             raise SpecfleetError(f"{path}: tensor {name} has an unknown type {ttype}") from exc
-        params += n
-        weight_bytes += nbytes
+        totals.parameters += n
+        totals.weight_bytes += nbytes
         if name.startswith("blk.") and len(shape) >= 2:
-            block_params += n
-            block_bytes += nbytes
-        nextn_tensors |= ".nextn." in name
+            totals.block_parameters += n
+            totals.block_bytes += nbytes
+        totals.nextn_tensors |= ".nextn." in name
+    return totals
 
-    tokens = meta.get("tokenizer.ggml.tokens")
-    tokenizer = None
-    if isinstance(tokens, _Summary):
-        special = {s: int(meta[f"tokenizer.ggml.{s}_token_id"]) for s in SPECIAL_TOKENS
-                   if f"tokenizer.ggml.{s}_token_id" in meta}
-        tokenizer = Tokenizer(
-            model=str(meta.get("tokenizer.ggml.model", "unknown")),
-            pre=meta.get("tokenizer.ggml.pre"), n_tokens=tokens.count,
-            tokens_sha256=tokens.sha256, special=special,
-            add_bos=meta.get("tokenizer.ggml.add_bos_token"),
-            add_eos=meta.get("tokenizer.ggml.add_eos_token"))
 
+def _gguf_tokenizer(meta: dict[str, Any]) -> Tokenizer | None:
+    tokens = meta.get(TOKENS_KEY)
+    if not isinstance(tokens, Summary):
+        return None
+    special = {s: int(meta[f"tokenizer.ggml.{s}_token_id"]) for s in SPECIAL_TOKENS
+               if f"tokenizer.ggml.{s}_token_id" in meta}
+    return Tokenizer(
+        model=str(meta.get("tokenizer.ggml.model", "unknown")),
+        pre=meta.get("tokenizer.ggml.pre"), n_tokens=tokens.count,
+        tokens_sha256=tokens.sha256, special=special,
+        add_bos=meta.get("tokenizer.ggml.add_bos_token"),
+        add_eos=meta.get("tokenizer.ggml.add_eos_token"))
+
+
+def _gguf_swa_layers(meta: dict[str, Any], arch: str, window: int | None,
+                     block_count: int | None) -> int:
+    if not (window and block_count):
+        return 0
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):  # one flag per layer
+        return sum(1 for flag in pattern if flag)
+    n, dense_first = SWA_PATTERNS.get(arch, (int(pattern or 1), False))
+    return _swa_layer_count(block_count, n, dense_first)
+
+
+def _file_type_name(file_type: Any) -> str | None:
+    if file_type is None:
+        return None
+    try:
+        return gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return str(file_type)
+
+
+def _facts_from_gguf(path: str, meta: dict[str, Any], tensors: list[Tensor]) -> ModelFacts:
+    arch = str(meta.get("general.architecture", "unknown"))
+
+    def key(name: str) -> Any:
+        value = meta.get(f"{arch}.{name}")
+        return value[0] if isinstance(value, list) and value and name != "target_layers" else value
+
+    totals = _gguf_totals(path, tensors)
+    tokenizer = _gguf_tokenizer(meta)
     block_count = _int(key("block_count"))
     head_count = _int(key("attention.head_count"))
     embedding = _int(key("embedding_length"))
+    head_dim = embedding // head_count if embedding and head_count else None
     window = _int(key("attention.sliding_window"))
-    swa_layers = 0
-    if window and block_count:
-        pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
-        if isinstance(pattern, list):  # one flag per layer
-            swa_layers = sum(1 for flag in pattern if flag)
-        else:
-            n, dense_first = SWA_PATTERNS.get(arch, (int(pattern or 1), False))
-            swa_layers = _swa_layer_count(block_count, n, dense_first)
-    file_type = meta.get("general.file_type")
-    try:
-        ft_name = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") \
-            if file_type is not None else None
-    except ValueError:
-        ft_name = str(file_type)
     return ModelFacts(
-        path=path, format="gguf", architecture=arch, parameters=params,
-        weight_bytes=weight_bytes,
-        block_bits_per_weight=round(8 * block_bytes / block_params, 2) if block_params else None,
-        file_type=ft_name, embedding_length=embedding, block_count=block_count,
-        head_count=head_count, head_count_kv=_int(key("attention.head_count_kv")) or head_count,
-        key_length=_int(key("attention.key_length")) or (
-            embedding // head_count if embedding and head_count else None),
-        value_length=_int(key("attention.value_length")) or (
-            embedding // head_count if embedding and head_count else None),
+        path=path, format="gguf", architecture=arch, parameters=totals.parameters,
+        weight_bytes=totals.weight_bytes, block_bits_per_weight=totals.block_bits_per_weight,
+        file_type=_file_type_name(meta.get("general.file_type")), embedding_length=embedding,
+        block_count=block_count, head_count=head_count,
+        head_count_kv=_int(key("attention.head_count_kv")) or head_count,
+        key_length=_int(key("attention.key_length")) or head_dim,
+        value_length=_int(key("attention.value_length")) or head_dim,
         context_length=_int(key("context_length")),
         feed_forward_length=_int(key("feed_forward_length")),
-        sliding_window=window, swa_layers=swa_layers,
+        sliding_window=window, swa_layers=_gguf_swa_layers(meta, arch, window, block_count),
         n_vocab=tokenizer.n_tokens if tokenizer else _int(key("vocab_size")),
         tokenizer=tokenizer,
-        nextn_layers=_int(key("nextn_predict_layers")) or (1 if nextn_tensors else 0),
+        nextn_layers=_int(key("nextn_predict_layers")) or (1 if totals.nextn_tensors else 0),
         target_hidden_size=_int(key("target_hidden_size")),
         target_layers=tuple(int(x) for x in (key("target_layers") or [])))
 
@@ -333,46 +222,24 @@ def _int(value: Any) -> int | None:
 
 # --- Hugging Face directories ---
 
-def _dir_identity(p: Path) -> tuple[tuple[str, int, int], ...]:
-    out = []
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        with_st = p / name
-        if with_st.is_file():
-            st = with_st.stat()
-            out.append((name, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
 @lru_cache(maxsize=32)
-def _read_hf_cached(path: str, identity: tuple[tuple[str, int, int], ...]) -> ModelFacts:
+def _read_hf_cached(path: str, identity: FileIdentity) -> ModelFacts:  # identity: the cache key
     p = Path(path)
-    config = _json(p / "config.json")
+    config = hf.read_json(p / "config.json")
     if config is None:
         raise SpecfleetError(f"{p} has no config.json: not a Hugging Face model directory")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    params = weight_bytes = block_params = block_bytes = 0
-    for shard in sorted(p.glob("*.safetensors")):
-        for name, info in _safetensors_header(shard).items():
-            if name == "__metadata__":
-                continue
-            n = 1
-            for d in info["shape"]:
-                n *= d
-            nbytes = info["data_offsets"][1] - info["data_offsets"][0]
-            params += n
-            weight_bytes += nbytes
-            if ".layers." in name and len(info["shape"]) >= 2:
-                block_params += n
-                block_bytes += nbytes
+    weights = hf.weights(p)
+    totals = _Totals(weights.parameters, weights.bytes, weights.block_parameters,
+                     weights.block_bytes)
     heads = text.get("num_attention_heads")
     hidden = text.get("hidden_size")
     head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
     tokenizer = _hf_tokenizer(p)
     arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     return ModelFacts(
-        path=path, format="hf", architecture=str(arch), parameters=params,
-        weight_bytes=weight_bytes,
-        block_bits_per_weight=round(8 * block_bytes / block_params, 2) if block_params else None,
+        path=path, format="hf", architecture=str(arch), parameters=totals.parameters,
+        weight_bytes=totals.weight_bytes, block_bits_per_weight=totals.block_bits_per_weight,
         file_type=str(text.get("torch_dtype") or config.get("torch_dtype") or "") or None,
         embedding_length=hidden, block_count=text.get("num_hidden_layers"), head_count=heads,
         head_count_kv=text.get("num_key_value_heads") or heads, key_length=head_dim,
@@ -384,66 +251,16 @@ def _read_hf_cached(path: str, identity: tuple[tuple[str, int, int], ...]) -> Mo
         target_hidden_size=text.get("target_hidden_size"))
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise SpecfleetError(f"cannot read {path}: {exc}") from exc
-    return data if isinstance(data, dict) else None
-
-
-def _safetensors_header(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error) as exc:
-        raise SpecfleetError(f"cannot read the safetensors header of {path}: {exc}") from exc
-    return header if isinstance(header, dict) else {}
-
-
-def _hf_vocab(p: Path) -> tuple[str, dict[str, int], list[dict[str, Any]]] | None:
-    data = _json(p / "tokenizer.json")
-    if data is None:
-        return None
-    model = data.get("model") or {}
-    vocab = model.get("vocab") or {}
-    if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
-        vocab = {piece[0]: i for i, piece in enumerate(vocab)}
-    return str(model.get("type", "unknown")), vocab, list(data.get("added_tokens") or [])
-
-
-def _hf_tokens(p: Path) -> list[str]:
-    parsed = _hf_vocab(p)
-    if parsed is None:
-        return []
-    _, vocab, added = parsed
-    by_id = {i: t for t, i in vocab.items()}
-    by_id.update({int(a["id"]): str(a["content"]) for a in added})
-    return [by_id.get(i, "") for i in range(max(by_id) + 1)] if by_id else []
-
-
 def _hf_tokenizer(p: Path) -> Tokenizer | None:
-    parsed = _hf_vocab(p)
+    parsed = hf.vocabulary(p)
     if parsed is None:
         return None
-    kind, _, _ = parsed
-    tokens = _hf_tokens(p)
+    kind, vocab, added = parsed
+    tokens = hf.ordered_tokens(vocab, added)
     digest = hashlib.sha256()
     for t in tokens:
         digest.update(t.encode() + b"\0")
-    ids = {t: i for i, t in enumerate(tokens)}
-    special: dict[str, int] = {}
-    config = _json(p / "tokenizer_config.json") or {}
-    for name, hf_key in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"),
-                         ("padding", "pad_token")):
-        value = config.get(hf_key)
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str) and value in ids:
-            special[name] = ids[value]
+    special, config = hf.special_tokens(p, {t: i for i, t in enumerate(tokens)})
     return Tokenizer(model=kind, pre=None, n_tokens=len(tokens), tokens_sha256=digest.hexdigest(),
                      special=special, add_bos=config.get("add_bos_token"),
                      add_eos=config.get("add_eos_token"))

@@ -22,6 +22,7 @@ from supervisor.gpu.vram import (
 )
 from supervisor.models.facts import ModelFacts
 from supervisor.models.facts import read as read_model_facts
+from supervisor.models.identity import FileIdentity, file_identity
 from supervisor.plugin.backend import (
     Backend,
     Failure,
@@ -39,8 +40,8 @@ from supervisor.plugin.promtext import parse as parse_prometheus
 
 __all__ = [
     "GPU_RUNTIME_OVERHEAD", "Assignment", "Backend", "ContextSettings", "Estimate", "Failure",
-    "FailureKind", "Generation", "GiB", "LaunchSpec", "MetricsSample", "MiB", "ModelFacts",
-    "Probe", "Problem", "Readiness", "RuntimeInfo", "Samples", "SpecfleetError", "Target",
-    "dense_positions", "find_out_of_memory", "hookimpl", "llamacpp_model", "parse_prometheus",
-    "read_model_facts",
+    "FailureKind", "FileIdentity", "Generation", "GiB", "LaunchSpec", "MetricsSample", "MiB",
+    "ModelFacts", "Probe", "Problem", "Readiness", "RuntimeInfo", "Samples", "SpecfleetError",
+    "Target", "dense_positions", "file_identity", "find_out_of_memory", "hookimpl",
+    "llamacpp_model", "parse_prometheus", "read_model_facts",
 ]

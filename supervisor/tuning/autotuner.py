@@ -147,12 +147,15 @@ def _fingerprint(target: Target) -> str:
 
 
 def _runtime_key(target: Target, info: RuntimeInfo) -> str:
-    """Identity of the model file and the runtime build (size and mtime, not a hash: cheap)."""
+    """Identity of the model file and the runtime build (file identities, not a hash: cheap).
+
+    A stable string: the tuning store keeps it as `baseline_key`. A path that is not a
+    file (a model name the runtime resolves itself) stands for itself.
+    """
+    from supervisor.models.identity import file_identity
+
     parts = [info.version]
     for path in (target.model, info.binary):
-        try:
-            st = os.stat(os.path.expanduser(path))
-            parts.append(f"{path}:{st.st_size}:{int(st.st_mtime)}")
-        except OSError:
-            parts.append(path)
+        identity = file_identity(os.path.expanduser(path))
+        parts.append(str(identity) if identity else path)
     return "|".join(parts)

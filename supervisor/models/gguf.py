@@ -1,0 +1,173 @@
+"""The GGUF header reader: metadata and tensor infos, read forward once over mmap.
+
+The parsing loop is our own, over the format and constants of the `gguf` package (value
+types, quantisation block sizes): `gguf.GGUFReader` builds a numpy view per metadata
+string, which takes ~20 s for a 262k-token vocabulary on these machines, too slow for a
+check before every start. The tests check this reader against `GGUFReader` on files the
+`gguf` writer made. What the metadata means is `supervisor.models.facts`' business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from supervisor.errors import SpecfleetError
+
+_SCALAR = {
+    gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
+    gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
+    gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?",
+    gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT64: "<d",
+}
+# Arrays longer than this are summarised (count, digest), not kept: token lists,
+# scores and merges are tens of MB as Python objects.
+_KEEP_ARRAY = 64
+TOKENS_KEY = "tokenizer.ggml.tokens"
+
+Tensor = tuple[str, tuple[int, ...], int]  # name, shape, ggml type
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A long array: its length and (for strings) a digest."""
+
+    count: int
+    sha256: str
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], list[Tensor]]:
+    """The metadata (long arrays summarised) and the tensor infos of a GGUF file."""
+    with GGUFHeader(path) as header:
+        meta = dict(header.metadata())
+        return meta, header.tensors()
+
+
+def read_tokens(path: Path) -> list[str]:
+    """The token texts of a GGUF file in id order."""
+    out: list[str] = []
+    with GGUFHeader(path) as header:
+        for key, value in header.metadata(want_tokens=True):
+            if key == TOKENS_KEY:
+                out = value
+    return out
+
+
+def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    return n // block * size
+
+
+class GGUFHeader:
+    """A forward-only reader of the GGUF header (metadata and tensor infos) over mmap."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+
+    def __enter__(self) -> GGUFHeader:
+        try:
+            self._file = open(self.path, "rb")
+            self.buf = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise SpecfleetError(f"cannot read {self.path}: {exc}") from exc
+        if self.buf[:4] != b"GGUF":
+            self.close()
+            raise SpecfleetError(f"{self.path} is not a GGUF file (it does not start with 'GGUF')")
+        self.pos = 4
+        self.version = self._u32()
+        if self.version not in (2, 3):
+            self.close()
+            raise SpecfleetError(f"{self.path}: GGUF version {self.version} is not supported")
+        self.n_tensors, self.n_kv = self._u64(), self._u64()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.buf.close()
+        self._file.close()
+
+    def _unpack(self, fmt: str) -> Any:
+        try:
+            (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        except struct.error as exc:
+            raise SpecfleetError(f"{self.path}: the GGUF header is truncated") from exc
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def _u32(self) -> int:
+        return int(self._unpack("<I"))
+
+    def _u64(self) -> int:
+        return int(self._unpack("<Q"))
+
+    def _str_bytes(self) -> bytes:
+        n = self._u64()
+        if self.pos + n > len(self.buf):
+            raise SpecfleetError(f"{self.path}: the GGUF header is truncated")
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return raw
+
+    def _str(self) -> str:
+        return self._str_bytes().decode("utf-8", errors="replace")
+
+    def _value(self, vtype: int, key: str, want_tokens: bool) -> Any:
+        if vtype == gguf.GGUFValueType.STRING:
+            return self._str()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            return self._array(key, want_tokens)
+        if vtype in _SCALAR:
+            return self._unpack(_SCALAR[vtype])
+        raise SpecfleetError(f"{self.path}: unknown GGUF value type {vtype} at key {key!r}")
+
+    def _array(self, key: str, want_tokens: bool) -> Any:
+        etype, count = self._u32(), self._u64()
+        if etype == gguf.GGUFValueType.STRING:
+            if key == TOKENS_KEY and want_tokens:
+                return [self._str() for _ in range(count)]
+            digest = hashlib.sha256()
+            for _ in range(count):
+                digest.update(self._str_bytes() + b"\0")
+            return Summary(count, digest.hexdigest())
+        if etype in _SCALAR:
+            size = struct.calcsize(_SCALAR[etype])
+            if count <= _KEEP_ARRAY:
+                values = list(struct.unpack_from(f"<{count}{_SCALAR[etype][1]}", self.buf, self.pos))
+                self.pos += size * count
+                return values
+            self.pos += size * count
+            return Summary(count, "")
+        return [self._value(etype, key, want_tokens) for _ in range(count)]
+
+    def metadata(self, want_tokens: bool = False) -> list[tuple[str, Any]]:
+        out = []
+        for _ in range(self.n_kv):
+            key = self._str()
+            out.append((key, self._value(self._u32(), key, want_tokens)))
+        return out
+
+    def tensors(self) -> list[Tensor]:
+        """(name, shape, ggml type) of every tensor; call after metadata()."""
+        out = []
+        for _ in range(self.n_tensors):
+            name = self._str()
+            n_dims = self._u32()
+            shape = tuple(self._u64() for _ in range(n_dims))
+            ttype = self._u32()
+            self._u64()  # data offset
+            out.append((name, shape, ttype))
+        return out
