@@ -1,6 +1,7 @@
 """A real systemd system manager (252, with D-Bus and journald) as PID 1 of private
 namespaces, for the systemd launcher's tests; the scripts in tests/systemd-lab/ are the
-recipe for running a real systemd manager on these machines (tests/systemd-lab/*.sh), kept in the project because its tests depend on them.
+recipe for running a real systemd manager on these machines, kept in the project because
+its tests depend on them.
 
 Rules (they protect the machine): only this recipe; PIDs inside are namespace PIDs, so
 anything that signals a unit's process runs inside (`lab.run(...)`); the manager is

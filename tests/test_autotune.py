@@ -8,7 +8,7 @@ from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import MetricsSample, RuntimeInfo
 from supervisor.tuning.autotuner import AutoTuner
-from supervisor.tuning.decisions import TunerMemory, TuningStore
+from supervisor.tuning.store import TunerMemory, TuningStore
 
 
 def make(tmp_path, **tuning) -> tuple[AutoTuner, list[tuple[str, str, dict]]]:

@@ -129,7 +129,7 @@ def test_a_retune_restarts_with_the_new_setting_and_survives_a_daemon_restart(
 
 
 def test_changing_the_speculation_config_discards_the_tuned_length(tmp_path):
-    from supervisor.tuning.decisions import TunerMemory, TuningStore
+    from supervisor.tuning.store import TunerMemory, TuningStore
 
     store = TuningStore(tmp_path / "tuning.json")
     store.save("t", TunerMemory("cfg-a", length=12, baseline_tps=50.0, baseline_key="k"))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from supervisor.config.schema import Tuning
-from supervisor.tuning.decisions import BASELINE, OFF, SPECULATING, Bounds, TunerMemory, plan
+from supervisor.tuning.decisions import Bounds, plan
+from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
 from supervisor.tuning.window import WindowStats
 
 SETTINGS = Tuning(min_tokens=100, min_steps=20, cooldown=60, reprobe=600)

@@ -27,7 +27,7 @@ from supervisor.launcher.base import Launcher
 from supervisor.plugin.registry import BackendRegistry
 from supervisor.target.runrecord import RunRecorder
 from supervisor.target.supervisor import TargetSupervisor
-from supervisor.tuning.decisions import TuningStore
+from supervisor.tuning.store import TuningStore
 
 Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon event
 

@@ -32,8 +32,8 @@ from supervisor.target.runrecord import RunRecorder
 from supervisor.target.states import ALLOWED, State
 from supervisor.target.status import TargetStatus, counters_view, exit_description
 from supervisor.tuning.autotuner import AutoTuner
-from supervisor.tuning.decisions import TuningStore
 from supervisor.tuning.quantities import shown
+from supervisor.tuning.store import TuningStore
 
 
 class TargetSupervisor:

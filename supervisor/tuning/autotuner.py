@@ -10,16 +10,17 @@ it records a measurement and restarts nothing.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from supervisor.config.schema import Target
+from supervisor.models.identity import file_identity
 from supervisor.plugin.backend import Backend, MetricsSample, RuntimeInfo
-from supervisor.tuning.decisions import SPECULATING, Bounds, Decision, TunerMemory, TuningStore, plan
+from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
+from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
 from supervisor.tuning.window import AcceptanceWindow
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
@@ -152,10 +153,8 @@ def _runtime_key(target: Target, info: RuntimeInfo) -> str:
     A stable string: the tuning store keeps it as `baseline_key`. A path that is not a
     file (a model name the runtime resolves itself) stands for itself.
     """
-    from supervisor.models.identity import file_identity
-
     parts = [info.version]
     for path in (target.model, info.binary):
-        identity = file_identity(os.path.expanduser(path))
+        identity = file_identity(path)
         parts.append(str(identity) if identity else path)
     return "|".join(parts)

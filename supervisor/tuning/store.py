@@ -1,0 +1,75 @@
+"""What the tuner keeps for each target across daemon restarts: `TunerMemory`, stored in
+<state_dir>/tuning.json by `TuningStore` (written atomically)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.atomicfile import write_json
+from supervisor.tuning.speedup import Measurement
+
+SPECULATING, BASELINE, OFF = "speculating", "baseline", "off"
+
+
+@dataclass(frozen=True)
+class TunerMemory:
+    """What the tuner keeps for a target across restarts of the daemon."""
+
+    fingerprint: str = ""  # the configuration these values belong to
+    length: int | None = None  # tuned draft length; None = the configured start
+    phase: str = SPECULATING  # speculating | baseline (measuring without) | off
+    baseline_tps: float | None = None
+    baseline_key: str | None = None  # model file and runtime build the baseline belongs to
+    last_change: float | None = None  # wall clock of the last applied decision
+    last_decision: dict[str, Any] | None = None
+    # Speedups measured at each length in the current workload regime (JSON keys: str).
+    measured: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The window measured with speculation just before the baseline run, judged as soon
+    # as the baseline is known (saves a restart when speculation turns out not to pay).
+    before_baseline: dict[str, Any] | None = None
+
+    @property
+    def speculation(self) -> bool:
+        return self.phase == SPECULATING
+
+    def measurements(self) -> dict[int, Measurement]:
+        return {int(k): Measurement(**v) for k, v in self.measured.items()}
+
+
+class TuningStore:
+    """<state_dir>/tuning.json: every target's TunerMemory, written atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self, name: str, fingerprint: str) -> TunerMemory:
+        """The target's memory, or a fresh one if none is kept or its configuration changed."""
+        try:
+            raw = json.loads(self.path.read_text()).get(name)
+        except (OSError, ValueError, AttributeError):
+            raw = None
+        if not isinstance(raw, dict):
+            return TunerMemory(fingerprint)
+        try:
+            memory = TunerMemory(**raw)
+        except TypeError:
+            return TunerMemory(fingerprint)
+        if memory.fingerprint != fingerprint:
+            # Different method, draft or model: tuned lengths do not carry over; a
+            # baseline of the same model and runtime does (baseline_key guards it).
+            return TunerMemory(fingerprint, baseline_tps=memory.baseline_tps,
+                               baseline_key=memory.baseline_key)
+        return memory
+
+    def save(self, name: str, memory: TunerMemory) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        data[name] = asdict(memory)
+        write_json(self.path, data, indent=1)
