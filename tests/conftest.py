@@ -46,10 +46,19 @@ def model(tmp_path: Path, gemma_model: str) -> str:
     return str(link)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port not handed out before in this session: two calls in one test (a target
+    and the daemon's API) once got the same ephemeral port back."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 # Fast settings so that live tests see crashes, hangs and restarts within seconds.

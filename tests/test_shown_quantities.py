@@ -89,7 +89,7 @@ async def test_status_api_and_metrics_show_the_same_numbers_for_the_same_counter
     bus = EventBus()
     async with aiohttp.ClientSession() as http:
         sup = TargetSupervisor(target, backend, FakeLauncher(world), bus, http)
-        sup.launch()
+        sup.start_owner_task()
         async with asyncio.timeout(5):
             while sup.metrics is None:
                 await asyncio.sleep(0.01)

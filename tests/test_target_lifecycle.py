@@ -101,7 +101,7 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
             run = Run(sup, world, events)
             bus.subscribe(lambda e: (events.append(e), run.notify()))
             runs.append(run)
-            sup.launch()
+            sup.start_owner_task()
             return run
 
         yield start
@@ -140,13 +140,14 @@ async def test_a_target_still_running_from_a_previous_daemon_is_adopted_not_star
     assert loading.data == {"pid": run.process.pid, "adopted": True}
 
 
-async def test_start_while_running_changes_nothing(start_target):
+async def test_an_api_restart_of_a_running_target_restarts_it(start_target):
     run = start_target()
     await run.reaches(S.READY)
-    run.sup.send(Command.START, "asked twice")
-    run.sup.send(Command.RESTART, "then a real restart")
+    run.sup.send(Command.RESTART, "restart requested through the API")
     await run.reaches(S.READY, times=2)
-    assert run.transitions == [*START, (S.READY, S.STOPPING), (S.STOPPING, S.STARTING), *RESTART_TO_READY]
+    assert run.transitions == [*START, (S.READY, S.STOPPING), (S.STOPPING, S.STARTING),
+                               *RESTART_TO_READY]
+    assert run.world.processes[0].signals == ["SIGTERM"]
 
 
 # --- crash, backoff, give-up ---

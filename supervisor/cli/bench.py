@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from supervisor.bench import runner as bench
+    from supervisor.bench import runner as bench_runner
     from supervisor.bench import workloads
 
     registry = default_registry()
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         lengths = [probe.default_length() or 1]
     else:
         length = target.speculation.length
-        lengths = bench.sweep_lengths(length.min, length.max or probe.length_ceiling(),
+        lengths = bench_runner.sweep_lengths(length.min, length.max or probe.length_ceiling(),
                                       length.start)
     chosen = [workloads.BUILT_IN[c] for c in args.classes.split(",")] if args.classes else []
     if args.prompts:
@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"benchmarking {target.name}: speculation off and draft lengths "
           f"{', '.join(map(str, lengths))}; workloads {', '.join(w.name for w in chosen)}; "
           f"{args.runs} runs each", file=sys.stderr)
-    runner = bench.BenchRunner(target, backend_cls, chosen, args.runs, args.max_tokens, out_dir,
+    runner = bench_runner.BenchRunner(target, backend_cls, chosen, args.runs, args.max_tokens, out_dir,
                                lambda msg: print(msg, file=sys.stderr, flush=True))
     results = asyncio.run(runner.run(lengths))
-    table, json_path, png_path = bench.write_report(out_dir, target, results, runner.commands)
+    table, json_path, png_path = bench_runner.write_report(out_dir, target, results, runner.commands)
     print(table)
     print(f"\nwritten: {json_path}, {png_path}")
     return 0

@@ -10,8 +10,7 @@ import psutil
 
 from supervisor.cli.common import load
 from supervisor.daemon import statusfile
-from supervisor.gpu import nvml as gpus
-from supervisor.gpu import placement
+from supervisor.gpu import nvml, placement
 from supervisor.plugin.registry import default_registry
 
 
@@ -29,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     fleet = loaded.fleet
     print(f"{args.file}: OK, {len(fleet.targets)} target(s)")
     backends = {name: registry.backend_for(t) for name, t in fleet.targets.items()}
-    fleet_plan = placement.make_plan(backends, gpus.read(), fleet.daemon.gpu,
+    fleet_plan = placement.make_plan(backends, nvml.read(), fleet.daemon.gpu,
                                      ours=_running_fleet_vram(fleet.daemon.state_dir),
                                      host_available=psutil.virtual_memory().available)
     for target in fleet.targets.values():

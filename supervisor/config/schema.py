@@ -22,13 +22,13 @@ Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 
 # eagle (EAGLE-1/2) and suffix (suffix decoding) exist in vLLM only; backends refuse what
 # their runtime lacks, in `specfleet check`.
-METHODS = ("none", "draft", "eagle", "eagle3", "mtp", "dflash", "ngram", "suffix")
-NGRAM_VARIANTS = ("mod", "simple", "map-k", "map-k4v", "cache")
+Method = Literal["none", "draft", "eagle", "eagle3", "mtp", "dflash", "ngram", "suffix"]
+NgramVariant = Literal["mod", "simple", "map-k", "map-k4v", "cache"]
 # Methods whose drafts come from a separate file; MTP may use layers inside the target.
 METHODS_NEEDING_DRAFT = ("draft", "eagle", "eagle3", "dflash")
 METHODS_WITH_DRAFT_FILE = ("draft", "eagle", "eagle3", "dflash", "mtp")
 METHODS_WITHOUT_MODEL = ("ngram", "suffix")  # draft from the context
-LAUNCHERS = ("process", "systemd", "external")
+LauncherName = Literal["process", "systemd", "external"]
 
 
 def default_state_dir() -> str:
@@ -82,11 +82,11 @@ class Length(_Strict):
 class Speculation(_Strict):
     """Speculative decoding: where the drafts come from and how many tokens one step drafts."""
 
-    method: Literal["none", "draft", "eagle", "eagle3", "mtp", "dflash", "ngram", "suffix"] = Field(
+    method: Method = Field(
         default="none", description=(
             "Where drafts come from: nowhere, a draft model, a head (`eagle`, `eagle3`, `mtp`, "
             "`dflash`) or the context (`ngram`, `suffix`); `eagle` and `suffix` are vLLM only."))
-    variant: Literal["mod", "simple", "map-k", "map-k4v", "cache"] | None = Field(
+    variant: NgramVariant | None = Field(
         default=None, description="The n-gram variant, for method `ngram` only; unset: `mod`.")
     draft: str | None = Field(default=None, description=(
         "Draft model or head file: required for `draft`, `eagle`, `eagle3` and `dflash`, "
@@ -185,7 +185,7 @@ class TargetDefaults(_Strict):
     """Keys under `defaults:`; every target inherits them (mappings merge key by key)."""
 
     backend: str | None = None
-    launcher: Literal["process", "systemd", "external"] | None = None
+    launcher: LauncherName | None = None
     host: str | None = None
     gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
     speculation: Speculation | None = None
@@ -208,7 +208,7 @@ class Target(_Strict):
     backend: str = Field(default="llamacpp", description=(
         "The backend plugin that runs it: `llamacpp`, `vllm`, `ollama` or a third-party one; "
         "`specfleet check` lists those installed."))
-    launcher: Literal["process", "systemd", "external"] = Field(default="process", description=(
+    launcher: LauncherName = Field(default="process", description=(
         "`process`: a child of the daemon; `systemd`: the unit `specfleet-<name>.service`; "
         "`external`: a server already running (Ollama), specfleet manages only its model."))
     model: str = Field(description=(

@@ -34,13 +34,13 @@ Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon e
 
 class FleetSupervisors:
     def __init__(self, fleet_path: Path, fleet: Fleet, registry: BackendRegistry,
-                 events: EventBus, launchers: Callable[[Target], Launcher], placer: Placer,
+                 events: EventBus, launcher_for: Callable[[Target], Launcher], placer: Placer,
                  state_dir: Path, emit: Emit, daemon_info: Callable[[], dict[str, Any]]) -> None:
         self.fleet_path = fleet_path
         self.fleet = fleet
         self.registry = registry
         self.events = events
-        self.launcher_for = launchers
+        self.launcher_for = launcher_for
         self.placer = placer
         self.emit = emit
         self._daemon_info = daemon_info
@@ -65,7 +65,7 @@ class FleetSupervisors:
                                tuning_store=self.tuning_store, placer=self.placer,
                                records=self.records, launcher_name=target.launcher)
         self.supervisors[target.name] = sup
-        task = sup.launch()
+        task = sup.start_owner_task()
         if self.on_owner_error is not None:
             task.add_done_callback(self.on_owner_error)
 

@@ -16,8 +16,7 @@ from typing import Any
 import psutil
 
 from supervisor.config.schema import GpuSettings
-from supervisor.gpu import nvml as gpus
-from supervisor.gpu import vram
+from supervisor.gpu import nvml, vram
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class HeadroomAlert:
     message: str
 
 
-def headroom_alerts(snapshot: gpus.GpuSnapshot, headroom: int,
+def headroom_alerts(snapshot: nvml.GpuSnapshot, headroom: int,
                     low_before: frozenset[int]) -> tuple[list[HeadroomAlert], frozenset[int]]:
     """Alerts for GPUs that crossed the headroom since the last reading; pure."""
     alerts, low_now = [], set()
@@ -79,14 +78,14 @@ class _Trees:
         self._procs = {pid: p for pid, p in self._procs.items() if p.is_running()}
 
 
-def read_all(pids: Mapping[str, int], trees: _Trees) -> tuple[gpus.GpuSnapshot,
+def read_all(pids: Mapping[str, int], trees: _Trees) -> tuple[nvml.GpuSnapshot,
                                                               dict[str, dict[str, Any]]]:
     """One reading of the GPUs and of every target's process tree; blocking."""
-    snapshot = gpus.read()
+    snapshot = nvml.read()
     out = {}
     for name, pid in pids.items():
         tree, rss, cpu = trees.usage(pid)
-        per_gpu = gpus.attribute(snapshot, tree)
+        per_gpu = nvml.attribute(snapshot, tree)
         out[name] = {"rss_bytes": rss, "cpu_percent": round(cpu, 1),
                      "vram_bytes": sum(per_gpu.values()) if snapshot.gpus else None,
                      "vram_per_gpu": {str(k): v for k, v in per_gpu.items()},
@@ -105,7 +104,7 @@ class ResourceMonitor:
         self._alert = alert
         self._trees = _Trees()
         self._low: frozenset[int] = frozenset()
-        self.snapshot = gpus.GpuSnapshot(unavailable="not read yet")
+        self.snapshot = nvml.GpuSnapshot(unavailable="not read yet")
 
     async def read_once(self) -> None:
         snapshot, usage = await asyncio.to_thread(read_all, dict(self._pids()), self._trees)

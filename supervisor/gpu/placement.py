@@ -1,6 +1,6 @@
 """The daemon's VRAM placement: one plan for the fleet, a check before every start.
 
-The plan (supervisor/vram.py) is made for the whole fleet at start and at reload,
+The plan (gpu/vram.py) is made for the whole fleet at start and at reload,
 against each GPU's free memory as NVML reads it (plus what this fleet's own targets
 hold, at a reload) or against the memory the fleet file declares. Before each start
 the target's share is checked again against a fresh reading, minus what targets that
@@ -20,8 +20,7 @@ import psutil
 
 from supervisor.config.schema import GpuSettings
 from supervisor.errors import SpecfleetError, StartRefused
-from supervisor.gpu import nvml as gpus
-from supervisor.gpu import vram
+from supervisor.gpu import nvml, vram
 from supervisor.plugin.backend import Backend
 
 
@@ -37,7 +36,7 @@ class FleetPlan:
     host_warning: str | None = None  # targets on the CPU that may not fit in RAM
 
 
-def devices_from(snapshot: gpus.GpuSnapshot, settings: GpuSettings,
+def devices_from(snapshot: nvml.GpuSnapshot, settings: GpuSettings,
                  ours: Mapping[int, int] | None = None) -> tuple[list[vram.Device], str]:
     """Devices to plan against and where their numbers come from."""
     if snapshot.gpus:
@@ -58,7 +57,7 @@ def held_vram(resources: Iterable[Mapping[str, Any]]) -> dict[int, int]:
     return held
 
 
-def make_plan(backends: Mapping[str, Backend], snapshot: gpus.GpuSnapshot,
+def make_plan(backends: Mapping[str, Backend], snapshot: nvml.GpuSnapshot,
               settings: GpuSettings, ours: Mapping[int, int] | None = None,
               host_available: int | None = None) -> FleetPlan:
     """Plan the fleet; blocking (reads model headers)."""
@@ -141,7 +140,7 @@ class Placer:
 
     async def replan(self, backends: Mapping[str, Backend],
                      ours: Mapping[int, int] | None = None) -> FleetPlan:
-        snapshot = await asyncio.to_thread(gpus.read)
+        snapshot = await asyncio.to_thread(nvml.read)
         host = psutil.virtual_memory().available
         self.fleet_plan = await asyncio.to_thread(make_plan, backends, snapshot, self.settings,
                                                   ours, host)
@@ -151,7 +150,7 @@ class Placer:
         return assignment_in(self.fleet_plan, name) if self.fleet_plan else None
 
     async def check_start(self, name: str) -> vram.Assignment | None:
-        """The placement for a start; raise PlacementRefused if it does not fit (with numbers)."""
+        """The placement for a start; raise StartRefused if it does not fit (with numbers)."""
         fp = self.fleet_plan
         if fp is None or fp.plan is None or not fp.on_gpu.get(name):
             return None
@@ -179,7 +178,7 @@ class Placer:
         fp = self.fleet_plan
         if assignment is None or fp is None or fp.source != "nvml":
             return None, "no live GPU readings"
-        snapshot = await asyncio.to_thread(gpus.read)
+        snapshot = await asyncio.to_thread(nvml.read)
         by_index = {g.index: g for g in snapshot.gpus}
         for gpu, need in assignment.per_gpu.items():
             reading = by_index.get(gpu)

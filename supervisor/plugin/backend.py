@@ -24,8 +24,7 @@ from supervisor.config.schema import METHODS_WITH_DRAFT_FILE, Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
 from supervisor.gpu.vram import Assignment, Estimate
-from supervisor.models import facts as modelfacts
-from supervisor.models import pairing
+from supervisor.models import facts, pairing
 
 
 @dataclass(frozen=True)
@@ -246,11 +245,11 @@ class Backend:
         files = self.model_files()
         if "model" not in files or (spec.draft and "draft" not in files):
             return []  # the backend's check() reports missing files; remote refs cannot be read
-        target = modelfacts.read(files["model"])
+        target = facts.read(files["model"])
         if "draft" not in files:
             return pairing.check_mtp(target, None) if spec.method == "mtp" else []
-        return pairing.check_pair(target, modelfacts.read(files["draft"]), spec.method,
-                                  modelfacts.read_tokens)
+        return pairing.check_pair(target, facts.read(files["draft"]), spec.method,
+                                  facts.read_tokens)
 
     def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         """What this target needs in (GPU) memory, or None if the backend cannot tell."""

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 
 class Command(enum.Enum):
-    START = "start"  # run the target (a no-op while it runs)
-    STOP = "stop"  # stop the process; the owner task waits for the next command
-    RESTART = "restart"  # a planned restart: drain in-flight requests, stop, start
+    # (Nothing stops a target and keeps its owner task yet; on-demand loading will add
+    # START and STOP here, with their rows in the table below.)
+    RESTART = "restart"  # a planned restart (drain in-flight requests, stop, start), or a start
     RETUNE = "retune"  # apply the tuner's pending decision to the next launch, then as RESTART
     SHUTDOWN = "shutdown"  # stop the process and end the owner task
     DETACH = "detach"  # end the owner task and leave the process running (systemd units)
@@ -36,7 +36,6 @@ class Next(enum.Enum):
     """What the owner task does after a command."""
 
     RUN = "run"  # (re)start the process
-    KEEP = "keep"  # nothing changes (START while running)
     IDLE = "idle"  # no process; wait for a command
     EXIT = "exit"  # end the owner task (the process stopped, or left running for DETACH)
 
@@ -45,14 +44,12 @@ class Next(enum.Enum):
 # restarts a running target, starts one that was backing off, and leaves a stopped one
 # stopped (the decision applies when it next starts).
 _TABLE: dict[Phase, dict[Command, Next]] = {
-    Phase.IDLE: {Command.START: Next.RUN, Command.RESTART: Next.RUN, Command.RETUNE: Next.IDLE,
-                 Command.STOP: Next.IDLE, Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
-    Phase.BACKOFF: {Command.START: Next.RUN, Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
-                    Command.STOP: Next.IDLE, Command.SHUTDOWN: Next.EXIT,
-                    Command.DETACH: Next.EXIT},
-    Phase.RUNNING: {Command.START: Next.KEEP, Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
-                    Command.STOP: Next.IDLE, Command.SHUTDOWN: Next.EXIT,
-                    Command.DETACH: Next.EXIT},
+    Phase.IDLE: {Command.RESTART: Next.RUN, Command.RETUNE: Next.IDLE,
+                 Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
+    Phase.BACKOFF: {Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
+                    Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
+    Phase.RUNNING: {Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
+                    Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
 }
 
 

@@ -10,13 +10,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 
 from supervisor.config.schema import Health
 from supervisor.plugin.backend import Failure, FailureKind, MetricsSample, Probe, Readiness
-from supervisor.target.restart_policy import LivenessTracker
 from supervisor.target.states import State
+
+
+@dataclass
+class LivenessTracker:
+    """Counts consecutive failed health checks; a hang is `failures` of them in a row."""
+
+    settings: Health
+    consecutive: int = 0
+
+    def ok(self) -> None:
+        self.consecutive = 0
+
+    def failed(self) -> bool:
+        """Record a failed check; True when the process should be declared hung."""
+        self.consecutive += 1
+        return self.consecutive >= self.settings.failures
 
 
 class HealthWatch:

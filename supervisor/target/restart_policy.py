@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.config.schema import Health, Restart
+from supervisor.config.schema import Restart
 from supervisor.config.units import format_duration
 from supervisor.plugin.backend import Failure, FailureKind
 
@@ -70,19 +70,3 @@ def after_failure(failure: Failure, crash_times: tuple[float, ...], now: float,
     return RestartDecision(False, max(0.0, delay),
                            f"{failure.summary}; restart {n} of {settings.max_crashes - 1} "
                            f"allowed within {format_duration(settings.window)}, in {delay:.1f}s")
-
-
-@dataclass
-class LivenessTracker:
-    """Counts consecutive failed health checks; a hang is `failures` of them in a row."""
-
-    settings: Health
-    consecutive: int = 0
-
-    def ok(self) -> None:
-        self.consecutive = 0
-
-    def failed(self) -> bool:
-        """Record a failed check; True when the process should be declared hung."""
-        self.consecutive += 1
-        return self.consecutive >= self.settings.failures

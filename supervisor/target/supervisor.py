@@ -82,7 +82,7 @@ class TargetSupervisor:
 
     # --- the API other tasks use ---
 
-    def launch(self) -> asyncio.Task[None]:
+    def start_owner_task(self) -> asyncio.Task[None]:
         """Start the owner task; the target starts at once."""
         self._task = asyncio.create_task(self.run(), name=f"target:{self.name}")
         return self._task
@@ -249,7 +249,7 @@ class TargetSupervisor:
         """Start the process and supervise it until it fails or a command interrupts it."""
         self._set_state(State.STARTING, self._pending_reason)
         try:
-            started = await self._start()
+            started = await self._start_process()
             if isinstance(started, Failure):
                 return started
             return await self._supervise(started)
@@ -257,7 +257,8 @@ class TargetSupervisor:
             if self.placer is not None:
                 self.placer.released(self.name)
 
-    async def _start(self) -> RunningProcess | Failure:
+    async def _start_process(self) -> RunningProcess | Failure:
+        """Start (or adopt) the process; a start that cannot succeed is a final Failure."""
         try:
             return await self._launch()
         except StartRefused as exc:
@@ -329,24 +330,16 @@ class TargetSupervisor:
         metrics_task = asyncio.create_task(poll_metrics(
             self.target.health, lambda: self.backend.read_metrics(self.http),
             self._serving.is_set, self._on_sample))
+        command_task = asyncio.create_task(self._commands.get())
         try:
-            while True:
-                command_task = asyncio.create_task(self._commands.get())
-                try:
-                    done, _ = await asyncio.wait({exit_task, command_task, health_task},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    if not command_task.done():
-                        command_task.cancel()
-                if command_task in done and not command_task.cancelled():
-                    step = await self._command_while_running(proc, command_task.result())
-                    if step is not Next.KEEP:
-                        return step
-                    continue
-                break
+            done, _ = await asyncio.wait({exit_task, command_task, health_task},
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (health_task, metrics_task):
-                task.cancel()
+            for task in (health_task, metrics_task, command_task):
+                if not task.done():
+                    task.cancel()
+        if command_task in done:
+            return await self._command_while_running(proc, command_task.result())
         if health_task in done:
             failure = health_task.result()
             proc.kill()
@@ -358,8 +351,6 @@ class TargetSupervisor:
 
     async def _command_while_running(self, proc: RunningProcess, request: Request) -> Next:
         step = self._dispatch(request, Phase.RUNNING)
-        if step is Next.KEEP:
-            return step
         if request.command is Command.DETACH:
             self._detached = True
             self._set_state(State.DETACHED, f"{request.reason}; left running (pid {proc.pid})")

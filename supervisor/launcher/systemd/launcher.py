@@ -1,6 +1,6 @@
 """The systemd launcher: each target is the unit `specfleet-<name>.service`.
 
-specfleet writes the unit file (supervisor/systemd/units.py) into the unit directory,
+specfleet writes the unit file (launcher/systemd/units.py) into the unit directory,
 reloads the manager when the file changed, and controls the unit over D-Bus: StartUnit
 and StopUnit jobs awaited through JobRemoved, the unit's exit seen through
 PropertiesChanged, KillUnit for a hung runtime. Units outlive the daemon: a daemon that
