@@ -277,7 +277,7 @@ class Daemon:
             self.log.info(event.reason, kind=event.kind, target=event.target, **data)
 
     def write_status(self) -> None:
-        statusfile.write(self.state_dir, self.daemon_info(),
+        statusfile.write(self.state_dir, self.targets.daemon_info(),
                          [s.status() for s in self.targets.supervisors.values()])
         if self._ready_sent:
             self.notifier.status(self.summary())
