@@ -434,7 +434,8 @@ SCENARIOS = [START, CRASH_AND_RESTART, LOADING_CRASH_LOOP, READY_TO_FAILED, DEGR
              HANG, PLANNED_RESTART, SHUTDOWN, DETACH,
              [(S.STARTING, S.FAILED), (S.FAILED, S.STARTING), (S.BACKOFF, S.STOPPED),
               (S.LOADING, S.STOPPING), (S.DEGRADED, S.STOPPING), (S.DEGRADED, S.FAILED),
-              (S.LOADING, S.DETACHED), (S.DEGRADED, S.DETACHED)]]
+              (S.LOADING, S.DETACHED), (S.DEGRADED, S.DETACHED), (S.STOPPING, S.FAILED),
+              (S.BACKOFF, S.FAILED)]]
 
 
 def test_every_allowed_transition_is_exercised_by_a_scenario_above():
@@ -442,3 +443,76 @@ def test_every_allowed_transition_is_exercised_by_a_scenario_above():
     asserted = {edge for scenario in SCENARIOS for edge in scenario}
     assert asserted == allowed, (f"never exercised: {sorted(allowed - asserted)}; "
                                  f"not allowed: {sorted(asserted - allowed)}")
+
+
+# --- internal errors: the target fails, visibly, alone ---
+
+async def test_an_unexpected_exception_at_start_fails_the_target_with_its_text(
+        start_target, monkeypatch):
+    async def broken_start(self: FakeLauncher, name: str, spec: Any, **kw: Any) -> Any:
+        raise ValueError("illegal environment variable name")
+    healthy = start_target()
+    await healthy.reaches(S.READY)
+    monkeypatch.setattr(FakeLauncher, "start", broken_start)
+    broken = start_target()
+    await broken.reaches(S.FAILED)
+    assert broken.transitions == INTERNAL_ERROR_AT_START
+    assert "ValueError('illegal environment variable name')" in broken.events[-1].reason
+    assert broken.sup.unavailable_reason() is not None
+    monkeypatch.undo()
+    broken.sup.send(Command.RESTART, "restart requested through the API")
+    await broken.reaches(S.READY)
+    await healthy.reaches(S.READY)
+    assert healthy.transitions == START  # the other target never noticed
+
+
+INTERNAL_ERROR_AT_START = [(S.STOPPED, S.STARTING), (S.STARTING, S.FAILED)]
+
+
+async def test_an_exception_while_stopping_fails_the_target_instead_of_hanging(
+        start_target, monkeypatch):
+    run = start_target()
+    await run.reaches(S.READY)
+
+    async def broken_stop(self: FakeProcess, grace: float) -> int:
+        raise RuntimeError("the stop went wrong")
+    monkeypatch.setattr(FakeProcess, "stop", broken_stop)
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.reaches(S.FAILED)
+    assert run.transitions == [*START, (S.READY, S.STOPPING), (S.STOPPING, S.FAILED)]
+    assert run.process.signals == ["SIGKILL"]  # its process did not outlive the error
+
+
+async def test_an_exception_during_backoff_fails_the_target(start_target, monkeypatch):
+    run = start_target(restart={"backoff_initial": 60, "backoff_max": 60})
+    await run.reaches(S.READY)
+    run.process.exit(-9)
+    await run.reaches(S.BACKOFF)
+
+    def broken_apply(self: Any) -> None:
+        raise KeyError("pending")
+    monkeypatch.setattr(type(run.sup.tuner), "apply_pending", broken_apply)
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.reaches(S.FAILED)
+    assert run.transitions == [*START, (S.READY, S.BACKOFF), (S.BACKOFF, S.FAILED)]
+
+
+# --- the proxy's view: wait only for a target that is coming back ---
+
+async def test_waiting_for_a_failed_target_returns_at_once_with_the_reason(start_target):
+    run = start_target(restart={"max_crashes": 1})
+    await run.reaches(S.READY)
+    run.process.exit(1)
+    await run.reaches(S.FAILED)
+    async with asyncio.timeout(1):  # not the 60 s asked for
+        assert await run.sup.wait_serving(60) is False
+    assert (run.sup.unavailable_reason() or "").startswith("failed: fake-runtime exited")
+
+
+async def test_waiting_for_a_restarting_target_waits_until_it_serves(start_target):
+    run = start_target(restart={"backoff_initial": 0.2, "backoff_max": 0.2})
+    await run.reaches(S.READY)
+    run.process.exit(-9)
+    await run.reaches(S.BACKOFF)
+    assert run.sup.unavailable_reason() is None  # backing off: it is coming back
+    assert await run.sup.wait_serving(5) is True

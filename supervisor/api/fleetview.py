@@ -36,7 +36,11 @@ class ServedTarget(Protocol):
 
     def auth_headers(self) -> dict[str, str]: ...
 
-    async def wait_serving(self, timeout: float) -> bool: ...
+    async def wait_serving(self, timeout: float) -> bool:
+        """Until it serves (True), at most `timeout`; False at once if it will not come back."""
+
+    def unavailable_reason(self) -> str | None:
+        """Why it will not serve until someone acts; None while it serves or is coming back."""
 
     def relaying(self) -> AbstractAsyncContextManager[None]:
         """Entered around each proxied request: the target counts and drains them."""

@@ -81,17 +81,31 @@ class Proxy:
             body["model"] = upstream_model
             raw = json.dumps(body).encode()
         deadline = time.monotonic() + self.hold
+        resent = False
         while True:
             if not await target.wait_serving(deadline - time.monotonic()):
-                return json_error(503, f"target {target.name!r} is {target.state_name()} and "
-                                  f"did not become ready within {self.hold:g}s "
-                                  "(daemon.proxy.hold)")
+                return self._unavailable(target)
             try:
                 async with target.relaying():
                     return await self._relay(request, target, raw)
-            except _NotSent:
-                # Refused before any byte reached the client: the target is restarting.
+            except _NotSent as exc:
+                # Nothing reached the client yet. Refused connections (the target is
+                # restarting) are retried until `hold`; a request the runtime received and
+                # then dropped without an answer (it died) is resent once, no more.
+                if exc.received:
+                    if resent:
+                        return json_error(502, f"target {target.name!r} dropped the request "
+                                          "without an answer twice (it was resent once)")
+                    resent = True
                 await asyncio.sleep(0.05)
+
+    def _unavailable(self, target: ServedTarget) -> web.Response:
+        if (why := target.unavailable_reason()) is not None:
+            return json_error(503, f"target {target.name!r} is {why}; it will not come back "
+                              f"by itself (POST /v1/targets/{target.name}/restart, or fix the "
+                              "fleet file and reload)")
+        return json_error(503, f"target {target.name!r} is {target.state_name()} and did not "
+                          f"become ready within {self.hold:g}s (daemon.proxy.hold)")
 
     async def _relay(self, request: web.Request, target: ServedTarget,
                      raw: bytes) -> web.StreamResponse:
@@ -102,20 +116,30 @@ class Proxy:
         url = f"{target.base_url}{request.path}"
         try:
             upstream = await self._session.post(url, data=raw, headers=headers)
+        except aiohttp.ClientConnectorError as exc:
+            raise _NotSent(received=False) from exc  # nothing listens (yet)
         except aiohttp.ClientConnectionError as exc:
-            raise _NotSent from exc
+            raise _NotSent(received=True) from exc  # sent, then dropped without an answer
         async with upstream:
             if upstream.status == 503 and not target.serving:
-                raise _NotSent  # loading again: wait and resend
+                raise _NotSent(received=False)  # loading again: wait and resend
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
                 if key.lower() not in _DROP:
                     response.headers[key] = value
             await response.prepare(request)
             tail = b""
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-                tail = (tail + chunk)[-16384:]  # the last event carries the timings
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                    tail = (tail + chunk)[-16384:]  # the last event carries the timings
+            except aiohttp.ClientError:
+                # The runtime died mid-response: part of it reached the client, so it cannot
+                # be resent. Close the client's connection so it sees a cut response, not a
+                # complete one.
+                if request.transport is not None:
+                    request.transport.close()
+                return response
             await response.write_eof()
         if (timings := _timings(tail)) is not None:
             target.observe_timings(timings)
@@ -123,7 +147,12 @@ class Proxy:
 
 
 class _NotSent(Exception):
-    """The upstream refused the request before anything was relayed: it may be resent."""
+    """Nothing was relayed to the client: the request may be sent again. `received`: the
+    runtime may have received it (and died before answering)."""
+
+    def __init__(self, received: bool) -> None:
+        super().__init__()
+        self.received = received
 
 
 def _timings(tail: bytes) -> dict[str, Any] | None:

@@ -26,8 +26,8 @@ ALLOWED: dict[State, frozenset[State]] = {
                             State.DETACHED}),
     State.DEGRADED: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
                                State.DETACHED}),
-    State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FAILED}),  # internal error
     State.FAILED: frozenset({State.STARTING}),
-    State.STOPPING: frozenset({State.STOPPED, State.STARTING}),
+    State.STOPPING: frozenset({State.STOPPED, State.STARTING, State.FAILED}),  # internal error
     State.DETACHED: frozenset(),
 }

@@ -13,7 +13,6 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -29,6 +28,7 @@ from supervisor.target.commands import Command, Next, Phase, Request, is_planned
 from supervisor.target.probes import HealthWatch, poll_metrics
 from supervisor.target.requests import ProxyRequests
 from supervisor.target.runrecord import RunRecorder
+from supervisor.target.served import ServedTarget
 from supervisor.target.states import ALLOWED, State
 from supervisor.target.status import TargetStatus, counters_view, exit_description
 from supervisor.tuning.autotuner import AutoTuner
@@ -36,7 +36,7 @@ from supervisor.tuning.quantities import shown
 from supervisor.tuning.store import TuningStore
 
 
-class TargetSupervisor:
+class TargetSupervisor(ServedTarget):
     def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
@@ -67,7 +67,8 @@ class TargetSupervisor:
         self.resources: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.requests = ProxyRequests()  # the proxy's requests to this target: it owns them
-        self._serving = asyncio.Event()  # set while ready (or degraded): the proxy waits on it
+        self._wanted = True  # the owner means to run it (served.py)
+        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._crash_times: list[float] = []
         self._oom_times: list[float] = []
         self._may_adopt = launcher.detaches  # only the first start may find a running unit
@@ -104,46 +105,6 @@ class TargetSupervisor:
             return
         self.send(command, reason)
         await self._task
-
-    # --- what the proxy and the API use (api/fleetview.py's ServedTarget) ---
-
-    @property
-    def serving(self) -> bool:
-        return self._serving.is_set()
-
-    @property
-    def base_url(self) -> str:
-        return self.target.base_url
-
-    def state_name(self) -> str:
-        return self.state.value
-
-    def upstream_model(self) -> str | None:
-        return self.backend.openai_model()
-
-    def auth_headers(self) -> dict[str, str]:
-        return self.backend.auth_headers()
-
-    def relaying(self) -> AbstractAsyncContextManager[None]:
-        return self.requests.relaying()
-
-    def observe_timings(self, timings: dict[str, Any]) -> None:
-        self.requests.observe(timings)
-
-    def restart(self, reason: str) -> None:
-        self.send(Command.RESTART, reason)
-
-    async def wait_serving(self, timeout: float) -> bool:
-        """Wait until the target serves requests, at most `timeout` seconds."""
-        if self._serving.is_set():
-            return True
-        if timeout <= 0:
-            return False
-        try:
-            await asyncio.wait_for(self._serving.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
 
     def status(self) -> TargetStatus:
         spec = self.target.speculation
@@ -183,31 +144,49 @@ class TargetSupervisor:
             self.placer.released(self.name)  # loaded (its memory now shows in NVML), or gone
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
         self.state, self.since, self.last_event = new, event.time, event
-        if new in (State.READY, State.DEGRADED):
-            self._serving.set()
-        else:
-            self._serving.clear()
+        self._changed.set_result(None)  # wake the proxy's waiters (served.py)
+        self._changed = asyncio.get_running_loop().create_future()
         self.events.emit(event)
 
     async def run(self) -> None:
         step = Next.RUN
         try:
             while step is not Next.EXIT:
-                if step is Next.IDLE:
-                    step = self._dispatch(await self._commands.get(), Phase.IDLE)
-                    continue
-                outcome = await self._run_once()
-                step = await self._after_failure(outcome) if isinstance(outcome, Failure) \
-                    else outcome
+                try:
+                    step = await self._step(step)
+                except Exception as exc:  # a bug, or a runtime error nobody foresaw
+                    step = await self._internal_error(exc)
         finally:
             if self.process is not None and self.process.returncode is None \
                     and not self._detached:
                 self.process.kill()
                 await self.process.wait()
 
+    async def _step(self, step: Next) -> Next:
+        if step is Next.IDLE:
+            return self._dispatch(await self._commands.get(), Phase.IDLE)
+        outcome = await self._run_once()
+        return await self._after_failure(outcome) if isinstance(outcome, Failure) else outcome
+
+    async def _internal_error(self, exc: Exception) -> Next:
+        """The last line of defence: this target (only) ends `failed` with the exception's
+        text, its process killed; a restart command tries again."""
+        self._wanted = False
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+        self._event("error", f"internal error in target {self.name!r}: {exc!r}")
+        if State.FAILED not in ALLOWED[self.state]:  # stopped or failed already: not transient
+            return Next.IDLE
+        self._set_state(State.FAILED, f"internal error: {exc!r}; not restarting (restart it "
+                        "through the API or reload once the cause is fixed)",
+                        failure="internal_error")
+        return Next.IDLE
+
     def _dispatch(self, request: Request, phase: Phase) -> Next:
         """The one place a command takes effect on the owner's plans (commands.py's table)."""
         step = next_step(phase, request.command)
+        self._wanted = step is Next.RUN
         if request.command is Command.RETUNE:
             self.tuner.apply_pending()
         if step is Next.RUN:
@@ -229,6 +208,7 @@ class TargetSupervisor:
             failure, tuple(self._crash_times), now, self.target.restart, self.rand(),
             oom_times=tuple(self._oom_times), fits_now=fits_now, fit_detail=fit_detail)
         if decision.give_up:
+            self._wanted = False
             self._set_state(State.FAILED, decision.reason, self.failure_output,
                             failure=failure.kind.value)
             return Next.IDLE
@@ -329,7 +309,7 @@ class TargetSupervisor:
             health.run(lambda: time.time() - (self.started_at or time.time())))
         metrics_task = asyncio.create_task(poll_metrics(
             self.target.health, lambda: self.backend.read_metrics(self.http),
-            self._serving.is_set, self._on_sample))
+            lambda: self.serving, self._on_sample))
         command_task = asyncio.create_task(self._commands.get())
         try:
             done, _ = await asyncio.wait({exit_task, command_task, health_task},

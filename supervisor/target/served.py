@@ -1,0 +1,84 @@
+"""What the proxy and the API use of a target (api/fleetview.py's ServedTarget).
+
+A mixin of TargetSupervisor, kept apart so that the owner loop reads on its own: it only
+reads the owner's state, and acts through the owner's command queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from supervisor.config.schema import Target
+from supervisor.events import Event
+from supervisor.plugin.backend import Backend
+from supervisor.target.commands import Command
+from supervisor.target.requests import ProxyRequests
+from supervisor.target.states import State
+
+SERVING = (State.READY, State.DEGRADED)
+
+
+class ServedTarget:
+    target: Target
+    backend: Backend
+    requests: ProxyRequests
+    state: State
+    last_event: Event | None
+    # Whether the owner means to run the target (False once it gave up, stopped or detached):
+    # a request for a target that will not come back by itself is refused at once.
+    _wanted: bool
+    _changed: asyncio.Future[None]  # resolved (and replaced) at every state change
+
+    def send(self, command: Command, reason: str) -> None:
+        raise NotImplementedError
+
+    @property
+    def serving(self) -> bool:
+        return self.state in SERVING
+
+    @property
+    def base_url(self) -> str:
+        return self.target.base_url
+
+    def state_name(self) -> str:
+        return self.state.value
+
+    def upstream_model(self) -> str | None:
+        return self.backend.openai_model()
+
+    def auth_headers(self) -> dict[str, str]:
+        return self.backend.auth_headers()
+
+    def relaying(self) -> AbstractAsyncContextManager[None]:
+        return self.requests.relaying()
+
+    def observe_timings(self, timings: dict[str, Any]) -> None:
+        self.requests.observe(timings)
+
+    def restart(self, reason: str) -> None:
+        self.send(Command.RESTART, reason)
+
+    def unavailable_reason(self) -> str | None:
+        """Why the target will not serve until someone acts (None: it serves, or is on its
+        way: starting, loading, backing off, restarting)."""
+        if self.serving or self._wanted:
+            return None
+        why = self.last_event.reason if self.last_event else ""
+        return f"{self.state.value}" + (f": {why}" if why else "")
+
+    async def wait_serving(self, timeout: float) -> bool:
+        """Wait until the target serves, at most `timeout` seconds; False at once when it
+        will not come back by itself."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.serving:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self.unavailable_reason() is not None:
+                return False
+            try:
+                await asyncio.wait_for(asyncio.shield(self._changed), remaining)
+            except TimeoutError:
+                return False
+        return True

@@ -1,0 +1,127 @@
+"""The proxy when runtimes fail, with the real llama-server: a target that will not come back
+is refused at once; a request whose server dies before answering is resent once; a stream
+that had started is cut, not replayed (docs/api.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import llama_target, wait_for, write_fleet
+
+pytestmark = pytest.mark.live
+
+
+def proxy_of(fleet: Path) -> str:
+    return "http://" + yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"]
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_a_request_for_a_failed_target_gets_503_at_once_with_the_reason(
+        tmp_path, llama_server_bin, start_daemon):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF this is not a model" * 100)
+    fleet = write_fleet(tmp_path, {"broken": llama_target(str(bad), llama_server_bin)})
+    daemon = start_daemon(fleet)
+    daemon.wait_state("broken", "failed", 60)
+    started = time.monotonic()
+    status, body = post(f"{proxy_of(fleet)}/v1/completions",
+                        {"model": "broken", "prompt": "hi", "max_tokens": 4})
+    took = time.monotonic() - started
+    assert status == 503
+    message = json.loads(body)["error"]
+    assert message.startswith("target 'broken' is failed:") and "not restarting" in message
+    assert "/v1/targets/broken/restart" in message
+    assert took < 10  # proxy.hold is 120 s: it did not wait for it
+
+
+LONG = {"prompt": "Count from one to one thousand in words: one, two,", "max_tokens": 600,
+        "temperature": 0, "ignore_eos": True}
+
+
+def kill_after_first_tokens(daemon: Any, name: str, delay: float) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay)
+        os.kill(daemon.target(name)["pid"], signal.SIGKILL)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_non_streamed_completion_whose_server_dies_is_resent_once_and_answered(
+        tmp_path, model, llama_server_bin, start_daemon):
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    first_pid = daemon.wait_state("t", "ready")["pid"]
+    killer = kill_after_first_tokens(daemon, "t", 1.0)
+    status, body = post(f"{proxy_of(fleet)}/v1/completions", {"model": "t", **LONG})
+    killer.join()
+    assert status == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 600
+    assert daemon.target("t")["pid"] != first_pid  # answered by the restarted server
+    assert daemon.target("t")["restarts"] == 1
+
+
+def test_a_non_streamed_completion_dropped_twice_gets_502(
+        tmp_path, model, llama_server_bin, start_daemon):
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    daemon.wait_state("t", "ready")
+
+    def kill_twice() -> None:
+        for n in (1, 2):
+            pid = wait_for(lambda: (t := daemon.target("t")).get("state") == "ready"
+                           and t.get("restarts") == n - 1 and t["pid"], 60, "ready")
+            time.sleep(1.0)
+            os.kill(pid, signal.SIGKILL)
+    killer = threading.Thread(target=kill_twice)
+    killer.start()
+    status, body = post(f"{proxy_of(fleet)}/v1/completions", {"model": "t", **LONG})
+    killer.join()
+    assert status == 502
+    assert "dropped the request without an answer twice" in json.loads(body)["error"]
+
+
+def test_a_stream_whose_server_dies_is_cut_not_replayed(
+        tmp_path, model, llama_server_bin, start_daemon):
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    daemon.wait_state("t", "ready")
+    killer = kill_after_first_tokens(daemon, "t", 1.0)
+    req = urllib.request.Request(f"{proxy_of(fleet)}/v1/completions",
+                                 data=json.dumps({"model": "t", "stream": True, **LONG}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    received = b""
+    error: Exception | None = None
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            assert resp.status == 200
+            while chunk := resp.read1(65536):
+                received += chunk
+    except Exception as exc:  # the connection closed mid-response: what a client should see
+        error = exc
+    killer.join()
+    assert b"data: " in received  # part of the stream had arrived
+    assert b"[DONE]" not in received  # and it did not look complete
+    assert error is not None, "a cut stream must not end like a complete response"
+    daemon.wait_state("t", "ready")
+    assert daemon.target("t")["requests"]["count"] == 0  # nothing was resent and answered
