@@ -87,10 +87,13 @@ def test_a_non_streamed_completion_dropped_twice_gets_502(
     daemon = start_daemon(fleet)
     daemon.wait_state("t", "ready")
 
+    def ready_pid(restarts: int) -> int | None:
+        t = daemon.target("t")
+        return t["pid"] if t.get("state") == "ready" and t.get("restarts") == restarts else None
+
     def kill_twice() -> None:
-        for n in (1, 2):
-            pid = wait_for(lambda: (t := daemon.target("t")).get("state") == "ready"
-                           and t.get("restarts") == n - 1 and t["pid"], 60, "ready")
+        for restarts in (0, 1):
+            pid = wait_for(lambda r=restarts: ready_pid(r), 60, "ready")
             time.sleep(1.0)
             os.kill(pid, signal.SIGKILL)
     killer = threading.Thread(target=kill_twice)
