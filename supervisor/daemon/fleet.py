@@ -9,6 +9,7 @@ rejected whole and the running fleet is untouched.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +26,9 @@ from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer, held_vram
 from supervisor.launcher.base import Launcher
 from supervisor.plugin.registry import BackendRegistry
+from supervisor.target.commands import Command
 from supervisor.target.runrecord import RunRecorder
+from supervisor.target.states import State
 from supervisor.target.supervisor import TargetSupervisor
 from supervisor.tuning.store import TuningStore
 
@@ -49,6 +52,8 @@ class FleetSupervisors:
         self.supervisors: dict[str, TargetSupervisor] = {}
         self.http: aiohttp.ClientSession | None = None
         self._reload_lock = asyncio.Lock()
+        # The last reload that was rejected, shown in the daemon block until one succeeds.
+        self.rejected_reload: dict[str, Any] | None = None
         # Called with (old fleet, new fleet) during a reload, before targets change.
         self.before_apply: Callable[[Fleet, Fleet], Any] | None = None
         self.after_apply: Callable[[Fleet], Any] | None = None
@@ -56,14 +61,15 @@ class FleetSupervisors:
 
     # --- targets ---
 
-    def add(self, target: Target) -> None:
+    def add(self, target: Target, reason: str = "daemon started") -> None:
         assert self.http is not None
         launcher = self.launcher_for(target)
         sup = TargetSupervisor(target, self.registry.backend_for(target), launcher,
                                self.events, self.http,
                                log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
-                               records=self.records, launcher_name=target.launcher)
+                               records=self.records, launcher_name=target.launcher,
+                               start_reason=reason)
         self.supervisors[target.name] = sup
         task = sup.start_owner_task()
         if self.on_owner_error is not None:
@@ -100,12 +106,19 @@ class FleetSupervisors:
                 loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
                                                  self.registry.check_target)
             except FleetFileError as exc:
-                self.emit("reload", f"reload rejected: {len(exc.problems)} problem(s) in "
-                          f"{self.fleet_path}; the running fleet is unchanged",
-                          detail="\n".join(exc.problems))
-                return False, list(exc.problems)
+                return self._rejected(list(exc.problems))
+            except Exception as exc:  # whatever the file does to the loader, the fleet stays
+                return self._rejected([f"{self.fleet_path}: could not be read: {exc!r}"])
+            self.rejected_reload = None
             await self._apply(loaded.fleet)
             return True, []
+
+    def _rejected(self, problems: list[str]) -> tuple[bool, list[str]]:
+        self.rejected_reload = {"time": time.time(), "file": str(self.fleet_path),
+                                "problems": problems}
+        self.emit("reload", f"reload rejected: {len(problems)} problem(s) in "
+                  f"{self.fleet_path}; the running fleet is unchanged", detail="\n".join(problems))
+        return False, problems
 
     async def _apply(self, new: Fleet) -> None:
         old = self.fleet
@@ -125,9 +138,14 @@ class FleetSupervisors:
             await self.supervisors.pop(name).shutdown("removed from the fleet file")
         for name in changed:
             await self.supervisors.pop(name).shutdown("changed in the fleet file")
-            self.add(new_targets[name])
+            self.add(new_targets[name], f"changed in {self.fleet_path} (reload)")
         for name in added:
-            self.add(new_targets[name])
+            self.add(new_targets[name], f"added to {self.fleet_path} (reload)")
+        # A failed target's message says "fix it, then reload": a reload retries it, whatever
+        # was fixed (the model file, the binary, something outside specfleet).
+        for name, sup in self.supervisors.items():
+            if name not in changed and name not in added and sup.state == State.FAILED:
+                sup.send(Command.RESTART, f"retrying after a reload of {self.fleet_path}")
         if self.after_apply is not None:
             await self.after_apply(new)
         # Keep file order for status and for the stop order.
@@ -155,7 +173,7 @@ class FleetSupervisors:
         return str(self.fleet_path)
 
     def daemon_info(self) -> dict[str, Any]:
-        return self._daemon_info()
+        return {**self._daemon_info(), "rejected_reload": self.rejected_reload}
 
     def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         return [asdict(s.status()) for n, s in self.supervisors.items()

@@ -41,7 +41,8 @@ class TargetSupervisor(ServedTarget):
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
                  tuning_store: TuningStore | None = None, placer: Placer | None = None,
-                 records: RunRecorder | None = None, launcher_name: str = "process") -> None:
+                 records: RunRecorder | None = None, launcher_name: str = "process",
+                 start_reason: str = "daemon started") -> None:
         self.target = target
         self.backend = backend
         self.launcher = launcher
@@ -75,7 +76,7 @@ class TargetSupervisor(ServedTarget):
         self._detached = False
         self._commands: asyncio.Queue[Request] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._pending_reason = "daemon started"  # the reason the next start will carry
+        self._pending_reason = start_reason  # the reason the next start will carry
 
     @property
     def name(self) -> str:
