@@ -4,6 +4,7 @@ its own module with its sub-parser and handler."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from supervisor import __version__
@@ -32,7 +33,8 @@ where things are (daemon.state_dir, default /var/lib/specfleet as root, else
   <state_dir>/logs/<target>.log  each runtime's own stdout and stderr (rotated)
 
 exit status: 0 ok, 1 runtime error, 2 bad fleet file or bad usage,
-             3 (status) the daemon that wrote the status is not running.
+             3 (status) the daemon that wrote the status is not running,
+             141 the reader of the output went away (`specfleet status | head`).
 """
 
 
@@ -48,8 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a program that SIGPIPE ended (128 + 13), as for `cat` or `git log`
+# piped into `head`: quiet, but not a claim that all the output was written (`set -o pipefail`).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        try:
+            code = _dispatch(build_parser().parse_args(argv))  # --help exits in parse_args
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except BrokenPipeError:
+        # The reader closed the pipe (`| head`). Python ignores SIGPIPE, so the write failed
+        # instead; point stdout at /dev/null so that the exit flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except FleetFileError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**status, "daemon_running": alive}, indent=1))
     else:
-        print(statusview.render(status, alive))
+        print(statusview.render(status, alive, width=terminal_width()))
     return 0 if alive else 3
+
+
+def terminal_width() -> int | None:
+    """COLUMNS when set, else the width of the terminal stdout is; None (no limit) when
+    stdout is a pipe or a file, so that `specfleet status | grep` sees whole lines."""
+    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
+    return columns if columns > 0 else None
 
 
 def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any] | None:

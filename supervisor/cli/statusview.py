@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import textwrap
 import time
 from typing import Any
 
@@ -39,16 +40,27 @@ def _speculation(target: dict[str, Any]) -> str:
     return f"{name} n={length if length is not None else 'default'}" + (" (tuned)" if tuned else "")
 
 
+# States in which the status describes the process that runs now. In any other state the
+# `shown` quantities and the resources may still be the previous process's (a target one
+# second into loading with a new pid, a failed target without a process): the views show
+# "-" for them, decided by the state alone, not by guessing how fresh a number is.
+LIVE_STATES = ("ready", "degraded")
+
+
+def _live(target: dict[str, Any]) -> bool:
+    return target.get("state") in LIVE_STATES
+
+
 def _acceptance(target: dict[str, Any]) -> str:
     """Acceptance rate and mean accepted length (tokens per drafted step), as /metrics has them."""
-    shown = target.get("shown") or {}
+    shown = (target.get("shown") or {}) if _live(target) else {}
     if shown.get("acceptance_rate") is None or shown.get("mean_accepted_length") is None:
         return "-"
     return f"{100 * shown['acceptance_rate']:.0f}% {shown['mean_accepted_length']:.2f} tok/step"
 
 
 def _tokens_per_second(target: dict[str, Any]) -> str:
-    tps = (target.get("shown") or {}).get("tokens_per_second")
+    tps = (target.get("shown") or {}).get("tokens_per_second") if _live(target) else None
     return f"{tps:.1f}" if tps else "-"
 
 
@@ -62,7 +74,7 @@ def _size(n: float | None) -> str:
 
 
 def _memory(target: dict[str, Any]) -> str:
-    r = target.get("resources") or {}
+    r = (target.get("resources") or {}) if _live(target) else {}
     if not r:
         return "-"
     out = f"rss {_size(r.get('rss_bytes'))}"
@@ -81,33 +93,56 @@ def _gpus(daemon: dict[str, Any]) -> list[str]:
             for d in g.get("gpus", [])]
 
 
-def render(status: dict[str, Any], alive: bool, now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    daemon = status.get("daemon", {})
+COLUMNS = ("TARGET", "STATE", "PID", "UPTIME", "RESTARTS", "SPECULATION", "ACCEPTED", "TOK/S",
+           "MEMORY", "LAST EVENT")
+# On a narrow terminal these go first, in this order; TARGET, STATE and LAST EVENT (shortened
+# with an ellipsis) always stay, and `specfleet status --target NAME` shows everything.
+DROP_FIRST = ("MEMORY", "PID", "UPTIME", "TOK/S", "ACCEPTED", "SPECULATION", "RESTARTS")
+LAST_EVENT_MIN = 24  # what is left of the last event before more columns are dropped
+GAP = "  "
+
+
+def _cut(text: str, width: int | None) -> str:
+    if width and len(text) > width:
+        return text[:max(width - 1, 0)].rstrip() + "…"
+    return text
+
+
+def _wrap(text: str, width: int | None) -> list[str]:
+    """Prose lines (the heading, notes) wrap at words; paths are never broken."""
+    if not width:
+        return [text]
+    return textwrap.wrap(text, width, subsequent_indent="    ", break_long_words=False,
+                         break_on_hyphens=False) or [""]
+
+
+def _table(rows: list[tuple[str, ...]], width: int | None) -> list[str]:
+    """Aligned rows, each at most `width` wide (None: as wide as they are)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    shown = list(range(len(COLUMNS) - 1))  # the fixed columns before LAST EVENT
+    if width:
+        last = min(widths[-1], LAST_EVENT_MIN)
+        for name in DROP_FIRST:
+            if sum(widths[i] + len(GAP) for i in shown) + last <= width:
+                break
+            shown.remove(COLUMNS.index(name))
+    return [_cut(GAP.join(row[i].ljust(widths[i]) for i in shown) + GAP + row[-1], width)
+            for row in rows]
+
+
+def _heading(daemon: dict[str, Any], alive: bool, now: float) -> str:
     if alive:
-        head = (f"specfleet {daemon.get('version', '?')} daemon pid {daemon.get('pid')}, "
+        return (f"specfleet {daemon.get('version', '?')} daemon pid {daemon.get('pid')}, "
                 f"up {format_duration(now - daemon.get('started', now))}, "
                 f"fleet {daemon.get('fleet_file')}")
-    else:
-        head = (f"specfleet daemon is not running (last status written "
-                f"{format_duration(now - daemon.get('updated', now))} ago by pid "
-                f"{daemon.get('pid')}); states below are as it left them")
-    rows = [("TARGET", "STATE", "PID", "UPTIME", "RESTARTS", "SPECULATION", "ACCEPTED", "TOK/S",
-             "MEMORY", "LAST EVENT")]
-    for t in status.get("targets", []):
-        rows.append((t["name"], t["state"], str(t.get("pid") or "-"), _uptime(t, now),
-                     str(t.get("restarts", 0)), _speculation(t), _acceptance(t),
-                     _tokens_per_second(t), _memory(t), _last_event(t, now)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = [head, *(_gpus(daemon) if alive else []), ""]
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False))
-                     + "  " + row[-1])
-    for t in status.get("targets", []):
-        if t["state"] in ("failed", "backoff") and t.get("failure_output"):
-            lines += ["", f"{t['name']}: last output of the runtime ({t.get('log_file')}):"]
-            lines += ["    " + ln for ln in t["failure_output"].splitlines()[-12:]]
-    for t in status.get("targets", []):
+    return (f"specfleet daemon is not running (last status written "
+            f"{format_duration(now - daemon.get('updated', now))} ago by pid "
+            f"{daemon.get('pid')}); states below are as it left them")
+
+
+def _notes(targets: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for t in targets:
         tunable = (t.get("speculation") or {}).get("tunable")
         decision = (t.get("tuning") or {}).get("pending")
         if decision:
@@ -116,7 +151,33 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None) -> str
             lines.append(f"{t['name']}: {tunable}")
         for warning in t.get("warnings") or []:
             lines.append(f"{t['name']}: warning: {warning}")
-    if not status.get("targets"):
+    return lines
+
+
+def render(status: dict[str, Any], alive: bool, now: float | None = None,
+           width: int | None = None) -> str:
+    """The status as a table; with `width`, every line but the runtime's own output (shown
+    verbatim) fits in that many columns."""
+    now = time.time() if now is None else now
+    daemon = status.get("daemon", {})
+    targets = status.get("targets", [])
+    rows = [COLUMNS]
+    for t in targets:
+        rows.append((t["name"], t["state"], str(t.get("pid") or "-"), _uptime(t, now),
+                     str(t.get("restarts", 0)), _speculation(t), _acceptance(t),
+                     _tokens_per_second(t), _memory(t), _last_event(t, now)))
+    lines = _wrap(_heading(daemon, alive, now), width)
+    for gpu in _gpus(daemon) if alive else []:
+        lines += _wrap(gpu, width)
+    lines += ["", *_table(rows, width)]
+    for t in targets:
+        if t["state"] in ("failed", "backoff") and t.get("failure_output"):
+            lines += ["", *_wrap(f"{t['name']}: last output of the runtime "
+                                 f"({t.get('log_file')}):", width)]
+            lines += ["    " + ln for ln in t["failure_output"].splitlines()[-12:]]
+    for note in _notes(targets):
+        lines += _wrap(note, width)
+    if not targets:
         lines.append("(no targets)")
     return "\n".join(lines)
 

@@ -1,0 +1,150 @@
+"""What the command line writes: into pipes that close early, onto terminals of a given
+width, and for routers (issue 12, items 11 and 13)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from supervisor.cli import statusview
+from tests.conftest import REPO, free_port, write_fleet
+
+NOW = 1_700_000_000.0
+LONG_REASON = ("retune: acceptance fell below the tuner's threshold over its window of drafted "
+               "tokens; a shorter draft length is applied when the server is idle")
+
+
+def specfleet(*args: str, env: dict[str, str] | None = None,
+              stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "supervisor", *args], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, cwd=REPO, check=False, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run with stdout a pipe whose reader is already gone (`| head` that has exited)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return specfleet(*args, stdout=write_end)
+    finally:
+        os.close(write_end)
+
+
+def target(name: str, state: str, pid: int | None, **over: Any) -> dict[str, Any]:
+    t = {"name": name, "state": state, "pid": pid, "started_at": NOW - 3600, "restarts": 2,
+         "backend": "llamacpp",
+         "speculation": {"method": "ngram", "variant": "mod", "enabled": True,
+                         "draft_length": 8},
+         "shown": {"acceptance_rate": 0.62, "mean_accepted_length": 3.1,
+                   "tokens_per_second": 41.5, "draft_length": 8},
+         "resources": {"vram_bytes": 3 << 30, "rss_bytes": 900 << 20},
+         "last_event": {"time": NOW - 5, "reason": LONG_REASON}}
+    t.update(over)
+    return t
+
+
+def fleet_status(*targets: dict[str, Any]) -> dict[str, Any]:
+    return {"daemon": {"pid": 1, "create_time": 0.0, "updated": NOW - 60,
+                       "fleet_file": "/etc/specfleet/fleet.yaml"},
+            "targets": list(targets)}
+
+
+def write_status(state_dir: Path, status: dict[str, Any]) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "status.json").write_text(json.dumps(status))
+
+
+# --- item 11: pipes ---
+
+def test_status_into_a_pipe_that_closed_exits_quietly_with_141(tmp_path: Path):
+    write_status(tmp_path, fleet_status(*(target(f"t{i}", "ready", 100 + i) for i in range(50))))
+    done = into_a_closed_pipe("status", "--state-dir", str(tmp_path))
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""
+
+
+def test_export_into_a_pipe_that_closed_exits_quietly_with_141(tmp_path: Path, model: str,
+                                                                llama_server_bin: str):
+    fleet = write_fleet(tmp_path, {"alpha": {"model": model, "binary": llama_server_bin,
+                                             "port": free_port()}})
+    done = into_a_closed_pipe("export", "litellm", str(fleet))
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""
+
+
+# --- item 11: terminal width ---
+
+def rendered(width: int | None, *targets: dict[str, Any]) -> list[str]:
+    return statusview.render(fleet_status(*targets), alive=False, now=NOW,
+                             width=width).splitlines()
+
+
+def table_of(lines: list[str]) -> list[str]:
+    """The header and the rows of the table."""
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("TARGET"))
+    return lines[start:]
+
+
+def test_no_line_of_the_status_table_is_wider_than_the_terminal():
+    targets = [target("gemma-ngram-long-name", "ready", 4242),
+               target("qwen", "failed", None, failure_output="")]
+    for width in (60, 80, 100, 120):
+        lines = rendered(width, *targets)
+        assert all(len(ln) <= width for ln in lines), (width, [ln for ln in lines
+                                                                if len(ln) > width])
+        header = next(ln for ln in lines if ln.startswith("TARGET"))
+        assert header.split()[:2] == ["TARGET", "STATE"] and header.endswith("LAST EVENT")
+        row = next(ln for ln in lines if ln.startswith("gemma-ngram-long-name"))
+        assert row.endswith("…")  # the last event, shortened with an ellipsis
+
+
+def test_a_narrow_terminal_drops_the_less_important_columns_first():
+    wide = table_of(rendered(300, target("gemma", "ready", 4242)))
+    narrow = table_of(rendered(60, target("gemma", "ready", 4242)))
+    assert "MEMORY" in wide[0] and "PID" in wide[0] and LONG_REASON in wide[1]
+    assert "MEMORY" not in narrow[0] and "PID" not in narrow[0]
+    assert narrow[0].split()[:3] == ["TARGET", "STATE", "RESTARTS"]
+
+
+def test_without_a_width_the_table_is_not_cut():
+    lines = table_of(rendered(None, target("gemma", "ready", 4242)))
+    assert LONG_REASON in lines[1] and "MEMORY" in lines[0]
+
+
+def test_status_follows_the_COLUMNS_variable(tmp_path: Path):
+    write_status(tmp_path, fleet_status(target("gemma", "ready", 4242)))
+    for width in (80, 120):
+        done = specfleet("status", "--state-dir", str(tmp_path), env={"COLUMNS": str(width)})
+        assert done.returncode == 3, done.stderr  # the daemon that wrote it is not running
+        lines = done.stdout.splitlines()
+        assert max(map(len, lines)) <= width and table_of(lines)[1].startswith("gemma")
+
+
+# --- item 11: no stale values ---
+
+def test_a_target_loading_a_new_process_shows_no_acceptance_tokens_per_second_or_memory():
+    # The status still holds the previous process's quantities one second into loading.
+    header, row = table_of(rendered(None, target("gemma", "loading", 5151)))[:2]
+    cell = dict(zip(("ACCEPTED", "TOK/S", "MEMORY"),
+                    (row[header.index(c):].split("  ")[0].strip()
+                     for c in ("ACCEPTED", "TOK/S", "MEMORY")), strict=True))
+    assert cell == {"ACCEPTED": "-", "TOK/S": "-", "MEMORY": "-"}
+    assert "62%" not in row and "41.5" not in row and "rss" not in row
+
+
+def test_a_failed_target_without_a_process_shows_no_memory():
+    failed = target("gemma", "failed", None, resources={"rss_bytes": 900 << 20})
+    table = "\n".join(rendered(None, failed))
+    detail = statusview.render_target(failed, None, now=NOW)
+    assert "rss" not in table and "rss" not in detail and "62%" not in detail
+
+
+def test_a_ready_target_shows_its_quantities_and_memory():
+    row = table_of(rendered(None, target("gemma", "ready", 4242)))[1]
+    assert "62% 3.10 tok/step" in row and "41.5" in row and "vram 3.0G rss 900.0M" in row
+
