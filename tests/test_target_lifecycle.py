@@ -19,7 +19,7 @@ import pytest
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.events import Event, EventBus
-from supervisor.plugin import Readiness
+from supervisor.plugin import MetricsSample, Readiness
 from supervisor.plugin.registry import build_registry
 from supervisor.target.commands import Command
 from supervisor.target.states import ALLOWED, State
@@ -516,3 +516,49 @@ async def test_waiting_for_a_restarting_target_waits_until_it_serves(start_targe
     await run.reaches(S.BACKOFF)
     assert run.sup.unavailable_reason() is None  # backing off: it is coming back
     assert await run.sup.wait_serving(5) is True
+
+
+# --- what the status says about restarts and about a process that is not serving ---
+
+async def test_every_restart_is_counted_by_its_reason(start_target):
+    run = start_target()
+    await run.reaches(S.READY)
+    run.process.exit(-9)
+    await run.reaches(S.READY, times=2)
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.reaches(S.READY, times=3)
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.reaches(S.READY, times=4)
+    status = run.sup.status()
+    assert status.restarts == 1  # the restart policy's, as before
+    assert status.restarts_by_reason == {"crash": 1, "restart": 1, "retune": 1}
+
+
+async def test_a_target_that_is_not_serving_shows_no_stale_rates_or_memory(start_target):
+    run = start_target(speculation={"method": "ngram", "length": {"start": 4}},
+                       health={"metrics_interval": 0.01})
+    run.world.metrics = MetricsSample(process_start=1.0, drafts=10, draft_tokens=40,
+                                      accepted_tokens=20, tokens_predicted=100,
+                                      tokens_predicted_seconds=2.0)
+    await run.reaches(S.READY)
+    await run.until(lambda: run.sup.status().shown["acceptance_rate"] is not None)
+    run.sup.resources = {"rss_bytes": 123}
+    run.world.readiness = Readiness.LOADING
+    run.process.exit(-9)
+    await run.reaches(S.LOADING, times=2)
+    status = run.sup.status()
+    assert status.shown["acceptance_rate"] is None and status.shown["tokens_per_second"] is None
+    assert status.shown["draft_length"] == 4  # the setting is no measurement: still shown
+    run.process.exit(-9)
+    await run.reaches(S.BACKOFF, times=2)
+    assert run.sup.status().resources == {}  # no process, no memory
+
+
+async def test_the_draft_length_shown_is_the_runtimes_default_when_none_is_set(
+        start_target, monkeypatch):
+    monkeypatch.setattr(FakeBackend, "default_length", lambda self: 64)
+    run = start_target(speculation={"method": "ngram"})
+    await run.reaches(S.READY)
+    status = run.sup.status()
+    assert status.speculation["draft_length"] is None  # nothing configured
+    assert status.shown["draft_length"] == 64  # but it runs with 64

@@ -22,7 +22,8 @@ class TargetStatus:
     since: float
     pid: int | None = None
     started_at: float | None = None
-    restarts: int = 0
+    restarts: int = 0  # by the restart policy after failures (what crash-loop alerts want)
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)  # every restart, any cause
     last_event: dict[str, Any] | None = None
     failure_output: str | None = None
     runtime: dict[str, str] = field(default_factory=dict)

@@ -54,7 +54,8 @@ class TargetSupervisor(ServedTarget):
         self.since = time.time()
         self.process: RunningProcess | None = None
         self.started_at: float | None = None
-        self.restarts = 0
+        self.restarts = 0  # by the restart policy, after a failure
+        self.restarts_by_reason: dict[str, int] = {}  # every restart: failure kind or command
         self.last_event: Event | None = None
         self.failure_output: str | None = None
         self.runtime: dict[str, str] = {}
@@ -111,6 +112,9 @@ class TargetSupervisor(ServedTarget):
         spec = self.target.speculation
         speculating = self.tuner.speculation_on if spec.method != "none" else False
         length = self.tuner.draft_length if spec.method != "none" else None
+        # The length it really runs with: the runtime's own default when none is set.
+        effective = length if length is not None or spec.method == "none" \
+            else self.backend.default_length()
         tunable = self.backend.tunable_length() or (
             "nothing to tune for this method" if spec.method != "none" else None)
         alive = self.process is not None and self.process.returncode is None
@@ -119,15 +123,16 @@ class TargetSupervisor(ServedTarget):
             model=self.target.model, state=self.state.value, since=self.since,
             pid=self.process.pid if alive and self.process else None,
             started_at=self.started_at, restarts=self.restarts,
+            restarts_by_reason=dict(self.restarts_by_reason),
             last_event=self.last_event.to_dict() if self.last_event else None,
             failure_output=self.failure_output, runtime=dict(self.runtime),
             speculation={"method": spec.method, "variant": spec.variant, "enabled": speculating,
                          "draft_length": length, "tunable": tunable},
             shown=shown(self.tuner.window.stats(), self.metrics, method=spec.method,
-                        speculating=speculating, draft_length=length),
+                        speculating=speculating, draft_length=effective, serving=self.serving),
             metrics=counters_view(self.metrics), tuning=self.tuner.view(),
             retunes=self.tuner.retunes, log_file=self.log_file, placement=dict(self.placement),
-            resources=dict(self.resources), warnings=list(self.warnings),
+            resources=dict(self.resources) if alive else {}, warnings=list(self.warnings),
             requests=self.requests.view())
 
     # --- the owner task ---
@@ -192,9 +197,13 @@ class TargetSupervisor(ServedTarget):
             self.tuner.apply_pending()
         if step is Next.RUN:
             self._pending_reason = request.reason
+            self._count_restart(request.command.value)
             if phase is Phase.IDLE:  # a manual start after giving up counts crashes anew
                 self._crash_times, self._oom_times = [], []
         return step
+
+    def _count_restart(self, why: str) -> None:
+        self.restarts_by_reason[why] = self.restarts_by_reason.get(why, 0) + 1
 
     async def _after_failure(self, failure: Failure) -> Next:
         """Back off and restart, or give up."""
@@ -219,6 +228,7 @@ class TargetSupervisor(ServedTarget):
             request = await asyncio.wait_for(self._commands.get(), timeout=decision.delay)
         except TimeoutError:
             self.restarts += 1
+            self._count_restart(failure.kind.value)
             self._pending_reason = f"restart after {failure.kind.value}"
             return Next.RUN
         step = self._dispatch(request, Phase.BACKOFF)
@@ -278,6 +288,7 @@ class TargetSupervisor(ServedTarget):
         proc = await self.launcher.start(self.name, spec, stop_grace=grace,
                                          on_line=self.backend.on_output)
         self.process, self.started_at, self.failure_output = proc, time.time(), None
+        self.metrics = None  # the previous process's counters are not this one's
         self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
         if self.records is not None:
             spec_view = {"method": self.target.speculation.method,

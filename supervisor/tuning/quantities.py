@@ -22,10 +22,13 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 
 def shown(window: WindowStats | None, counters: MetricsSample | None, *, method: str,
-          speculating: bool, draft_length: int | None) -> dict[str, Any]:
+          speculating: bool, draft_length: int | None, serving: bool = True) -> dict[str, Any]:
     """Acceptance rate, mean accepted length, tokens/s and the draft length in effect
-    (0: speculation turned off by the tuner; None: no speculation, or the runtime's
-    own default length)."""
+    (0: speculation turned off by the tuner; None: no speculation, or a length nobody
+    knows). A target that does not serve shows no rates: what it measured belongs to a
+    process that is gone or not ready, and would read as current."""
+    if not serving:
+        window, counters = None, None
     if window is not None and window.tokens:
         source, drafts, accepted = "window", window.drafts, window.accepted
         rate, tps = window.acceptance_rate, window.tokens_per_second
