@@ -144,7 +144,6 @@ class ApiServer:
         """Server-sent events: every state change and tuning decision, as it happens."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
-        await response.prepare(request)
         queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=1000)
 
         def push(event: Event) -> None:
@@ -153,6 +152,8 @@ class ApiServer:
 
         unsubscribe = self.fleet.subscribe(push)
         try:
+            # A client may be gone before the headers go out: that is normal, not an error.
+            await response.prepare(request)
             await response.write(f": specfleet {__version__} events\n\n".encode())
             while True:
                 try:
@@ -162,7 +163,7 @@ class ApiServer:
                     continue
                 payload = json.dumps(event.to_dict())
                 await response.write(f"event: {event.kind}\ndata: {payload}\n\n".encode())
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
             pass
         finally:
             unsubscribe()
