@@ -27,7 +27,8 @@ from supervisor.plugin import (
     hookimpl,
 )
 
-_pids = itertools.count(40000)
+# Above any pid the kernel hands out (PID_MAX_LIMIT is 2**22): no real process has one.
+_pids = itertools.count(2**22 + 1)
 
 
 @dataclass

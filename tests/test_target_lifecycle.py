@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -562,3 +566,26 @@ async def test_the_draft_length_shown_is_the_runtimes_default_when_none_is_set(
     status = run.sup.status()
     assert status.speculation["draft_length"] is None  # nothing configured
     assert status.shown["draft_length"] == 64  # but it runs with 64
+
+
+async def test_a_busy_server_that_answers_late_is_not_killed_but_a_stopped_one_is(
+        start_target):
+    # A real process burning CPU stands for a server generating for many clients while its
+    # health checks time out; SIGSTOP then freezes it, as a hung server.
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run = start_target(health={"failures": 3})
+        await run.reaches(S.READY)
+        run.process.pid = busy.pid
+        run.world.probe_hangs = True
+        await run.reaches(S.DEGRADED)
+        probes = run.world.probes
+        await run.until(lambda: run.world.probes >= probes + 12)  # four streaks of three
+        assert run.sup.state == S.DEGRADED  # still alive: it is busy, not hung
+        os.kill(busy.pid, signal.SIGSTOP)
+        await run.reaches(S.BACKOFF)
+        backoff = next(e for e in run.events if e.new == "backoff")
+        assert "uses no CPU: treating it as hung" in backoff.reason
+    finally:
+        busy.kill()
+        busy.wait()

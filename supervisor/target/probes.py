@@ -9,30 +9,73 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
+import psutil
 
 from supervisor.config.schema import Health
 from supervisor.plugin.backend import Failure, FailureKind, MetricsSample, Probe, Readiness
 from supervisor.target.states import State
 
+BUSY_CPU_SHARE = 0.05  # of one core, over a failure streak: "making progress"
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) of a process and its children; None if it cannot be read."""
+    if pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
 
 @dataclass
 class LivenessTracker:
-    """Counts consecutive failed health checks; a hang is `failures` of them in a row."""
+    """A hang is `failures` failed health checks in a row while the process makes no
+    progress. A server busy generating for many clients may answer its health check late
+    (llama-server's HTTP threads all taken): its CPU time advances, and it is not killed
+    for it. A stopped (SIGSTOP) or deadlocked server uses no CPU and is. Where the CPU
+    time cannot be read (a server on another host), the failures alone decide."""
 
     settings: Health
+    cpu_seconds: Callable[[], float | None] = lambda: None
+    clock: Callable[[], float] = time.monotonic
     consecutive: int = 0
+    streak_start: tuple[float, float | None] | None = None  # (clock, CPU) at its 1st failure
 
     def ok(self) -> None:
-        self.consecutive = 0
+        self.consecutive, self.streak_start = 0, None
 
     def failed(self) -> bool:
         """Record a failed check; True when the process should be declared hung."""
         self.consecutive += 1
-        return self.consecutive >= self.settings.failures
+        if self.streak_start is None:
+            self.streak_start = (self.clock(), self.cpu_seconds())
+        if self.consecutive < self.settings.failures:
+            return False
+        if self._progressed():
+            self.ok()  # busy, not hung: a new streak starts with the next failure
+            return False
+        return True
+
+    def _progressed(self) -> bool:
+        assert self.streak_start is not None
+        started, cpu_then = self.streak_start
+        cpu_now = self.cpu_seconds()
+        if cpu_then is None or cpu_now is None:
+            return False
+        return cpu_now - cpu_then >= max(0.01, BUSY_CPU_SHARE * (self.clock() - started))
 
 
 class HealthWatch:
@@ -40,8 +83,10 @@ class HealthWatch:
 
     def __init__(self, health: Health, probe: Callable[[], Awaitable[Probe]],
                  state: Callable[[], State], set_state: Callable[[State, str], None],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 cpu_seconds: Callable[[], float | None] = lambda: None) -> None:
         self.health = health
+        self.cpu_seconds = cpu_seconds
         self.probe = probe
         self.state = state
         self.set_state = set_state
@@ -65,7 +110,7 @@ class HealthWatch:
 
     async def run(self, loaded_after: Callable[[], float]) -> Failure:
         """`loaded_after()` gives the seconds since the start, for the ready message."""
-        liveness = LivenessTracker(self.health)
+        liveness = LivenessTracker(self.health, self.cpu_seconds, self.clock)
         deadline = self.clock() + self.health.start_timeout
         while True:
             probe, problem = await self._problem()
@@ -78,8 +123,8 @@ class HealthWatch:
             if problem is not None:
                 if liveness.failed():
                     return Failure(FailureKind.HANG, f"{problem}; {liveness.consecutive} failed "
-                                   "health checks in a row while the process is alive: "
-                                   "treating it as hung")
+                                   "health checks in a row while the process is alive and "
+                                   "uses no CPU: treating it as hung")
                 if self.state() == State.READY:
                     self.set_state(State.DEGRADED, problem)
             if self.state() == State.LOADING and self.clock() > deadline:

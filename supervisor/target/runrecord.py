@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomicfile import write_json, write_text
+from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json, write_text
 from supervisor.models.identity import file_identity, files_under
 from supervisor.plugin.backend import LaunchSpec, RuntimeInfo
 
@@ -70,19 +70,22 @@ def sha256_dir(path: str, stop: threading.Event | None = None) -> str:
 
 
 class RunRecorder:
-    def __init__(self, state_dir: Path) -> None:
+    """Writes the run records and hashes.json. A write that fails (a full disk) is reported
+    to `report`, never raised: the records and digests are kept here and written again when
+    `report` retries. A corrupt hashes.json is set aside (`read_state`)."""
+
+    def __init__(self, state_dir: Path, report: StateReport = LOG_ONLY) -> None:
         self.dir = state_dir / "runs"
         self.hashes_path = state_dir / "hashes.json"
+        self.report = report
         self._hashes: dict[str, str] | None = None
+        self._history: dict[str, list[str]] = {}  # target -> the lines of <target>.jsonl
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = threading.Event()  # a daemon that stops does not wait for a 40 GB hash
 
     def _load_hashes(self) -> dict[str, str]:
         if self._hashes is None:
-            try:
-                self._hashes = json.loads(self.hashes_path.read_text())
-            except (OSError, ValueError):
-                self._hashes = {}
+            self._hashes = read_state(self.hashes_path, self.report)
         return self._hashes
 
     def digest(self, path: str) -> str:
@@ -101,7 +104,8 @@ class RunRecorder:
             live = {k: v for k, v in cache.items()
                     if str(file_identity(k.split("|", 1)[0])) == k}
             self._hashes = live
-            write_json(self.hashes_path, live)
+            self.report.attempt(self.hashes_path.name,
+                                lambda: write_json(self.hashes_path, dict(self._hashes or {})))
         return cache[key]
 
     def launched(self, name: str, pid: int, reason: str, spec: LaunchSpec, info: RuntimeInfo,
@@ -131,16 +135,29 @@ class RunRecorder:
         self._write(record, append=False)
 
     def _write(self, record: RunRecord, append: bool) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        data = asdict(record)
-        write_json(self.dir / f"{record.target}.json", data)
-        history = self.dir / f"{record.target}.jsonl"
-        lines = history.read_text().splitlines() if history.exists() else []
+        name = record.target
+        if name not in self._history:
+            history = self.dir / f"{name}.jsonl"
+            try:
+                self._history[name] = history.read_text(errors="replace").splitlines()
+            except OSError:
+                self._history[name] = []
+        lines = self._history[name]
         if append:
-            lines.append(json.dumps(data))
+            lines.append(json.dumps(asdict(record)))
         elif lines:
-            lines[-1] = json.dumps(data)  # the digests of the latest launch are now known
-        write_text(history, "".join(line + "\n" for line in lines[-HISTORY:]))
+            lines[-1] = json.dumps(asdict(record))  # the digests of the latest launch are known
+        del lines[:-HISTORY]
+        self.report.attempt(f"runs/{name}.json", lambda: self._write_files(name))
+
+    def _write_files(self, name: str) -> None:
+        """<name>.json and <name>.jsonl as they are now (again, after a failed write)."""
+        lines = self._history[name]
+        if not lines:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_text(self.dir / f"{name}.json", lines[-1])
+        write_text(self.dir / f"{name}.jsonl", "".join(line + "\n" for line in lines))
 
     async def close(self) -> None:
         """Stop digests still being computed (daemon shutdown); records keep sha256 null."""

@@ -25,7 +25,7 @@ from supervisor.launcher.base import Launcher, RunningProcess
 from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
 from supervisor.target import restart_policy
 from supervisor.target.commands import Command, Next, Phase, Request, is_planned_restart, next_step
-from supervisor.target.probes import HealthWatch, poll_metrics
+from supervisor.target.probes import HealthWatch, poll_metrics, tree_cpu_seconds
 from supervisor.target.requests import ProxyRequests
 from supervisor.target.runrecord import RunRecorder
 from supervisor.target.served import ServedTarget
@@ -315,7 +315,8 @@ class TargetSupervisor(ServedTarget):
     async def _supervise(self, proc: RunningProcess) -> Next | Failure:
         """Until the process exits, looks hung, or a command stops it."""
         health = HealthWatch(self.target.health, lambda: self.backend.probe(self.http),
-                             lambda: self.state, self._set_state, self.clock)
+                             lambda: self.state, self._set_state, self.clock,
+                             lambda: tree_cpu_seconds(proc.pid))
         exit_task = asyncio.create_task(proc.wait())
         health_task = asyncio.create_task(
             health.run(lambda: time.time() - (self.started_at or time.time())))
