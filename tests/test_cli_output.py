@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from supervisor.cli import statusview
 from tests.conftest import REPO, free_port, write_fleet
@@ -148,3 +151,73 @@ def test_a_ready_target_shows_its_quantities_and_memory():
     row = table_of(rendered(None, target("gemma", "ready", 4242)))[1]
     assert "62% 3.10 tok/step" in row and "41.5" in row and "vram 3.0G rss 900.0M" in row
 
+
+
+# --- item 13: export for a router host ---
+
+def missing_runtime_target(**over: Any) -> dict[str, Any]:
+    """A target whose model, draft and llama-server are on another machine."""
+    return {"model": "/models/not-here.gguf", "binary": "/opt/not-here/llama-server",
+            "port": free_port(), **over}
+
+
+def test_export_with_a_token_file_writes_a_clean_reference_and_explains_it_in_a_comment(
+        tmp_path: Path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    fleet = write_fleet(tmp_path, {"alpha": missing_runtime_target()},
+                        api_token={"file": str(token)})
+    done = specfleet("export", "litellm", str(fleet))
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(done.stdout)
+    assert config["model_list"][0]["litellm_params"]["api_key"] == "os.environ/SPECFLEET_API_TOKEN"
+    comments = [ln for ln in done.stdout.splitlines() if ln.startswith("#")]
+    assert any("SPECFLEET_API_TOKEN" in ln and str(token) in ln for ln in comments), comments
+    assert "s3cret" not in done.stdout
+
+
+def test_json_export_keeps_stdout_pure_json_and_explains_the_key_file_on_stderr(tmp_path: Path):
+    token = tmp_path / "token"
+    fleet = write_fleet(tmp_path, {"alpha": missing_runtime_target()},
+                        api_token={"file": str(token)})
+    done = specfleet("export", "litellm", str(fleet), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    config = json.loads(done.stdout)
+    assert config["model_list"][0]["litellm_params"]["api_key"] == "os.environ/SPECFLEET_API_TOKEN"
+    assert "SPECFLEET_API_TOKEN" in done.stderr and str(token) in done.stderr
+
+
+def test_targets_with_their_own_key_files_get_one_variable_each(tmp_path: Path):
+    fleet = write_fleet(tmp_path, {
+        "alpha": missing_runtime_target(api_key={"file": str(tmp_path / "a.key")}),
+        "beta-2": missing_runtime_target(api_key={"file": str(tmp_path / "b.key")})},
+        proxy={"enabled": False})
+    done = specfleet("export", "litellm", str(fleet))
+    assert done.returncode == 0, done.stderr
+    keys = [m["litellm_params"]["api_key"] for m in yaml.safe_load(done.stdout)["model_list"]]
+    assert keys == ["os.environ/SPECFLEET_ALPHA_API_KEY", "os.environ/SPECFLEET_BETA_2_API_KEY"]
+    assert "a.key" in done.stdout and "b.key" in done.stdout
+
+
+def test_export_needs_neither_the_model_files_nor_the_runtime(tmp_path: Path):
+    fleet = write_fleet(tmp_path, {"alpha": missing_runtime_target(),
+                                   "beta": missing_runtime_target(
+                                       speculation={"method": "draft",
+                                                    "draft": "/models/draft-not-here.gguf"})})
+    done = specfleet("export", "litellm", str(fleet))
+    assert done.returncode == 0, done.stderr
+    assert [m["model_name"] for m in yaml.safe_load(done.stdout)["model_list"]] == ["alpha", "beta"]
+    # Still said, as warnings on stderr; `check` keeps them errors.
+    assert "not-here.gguf" in done.stderr and "warning" in done.stderr
+    assert specfleet("check", str(fleet)).returncode == 2
+
+
+def test_a_key_file_becomes_a_reference_with_nothing_but_the_variable_name(tmp_path: Path):
+    from supervisor.api import litellm
+    from supervisor.config.loader import load_fleet
+
+    fleet = load_fleet(write_fleet(tmp_path, {"alpha": missing_runtime_target()},
+                                   api_token={"file": str(tmp_path / "token")})).fleet
+    key = litellm.config(fleet)["model_list"][0]["litellm_params"]["api_key"]
+    assert re.fullmatch(r"os\.environ/[A-Z_][A-Z0-9_]*", key), key
+    assert litellm.notes(fleet) and str(tmp_path / "token") in litellm.notes(fleet)[0]

@@ -2,8 +2,9 @@
 
 Pure. Each target becomes a `model_list` entry (model_name = the target's name,
 litellm_params.model "openai/<name>", api_base, and the API key as a reference,
-"os.environ/VAR", never the key). With specfleet's proxy on, api_base is the proxy: it
-holds requests while a target restarts (a crash or a retune) instead of failing them.
+"os.environ/VAR", never the key; a key file becomes a variable that `notes` explains).
+With specfleet's proxy on, api_base is the proxy: it holds requests while a target
+restarts (a crash or a retune) instead of failing them.
 LiteLLM's own background health checks send a real completion to every model (loading
 models that were unloaded): the suggested settings turn them off and rely on cooldowns;
 specfleet's GET /healthz and /v1/targets tell readiness without touching a model.
@@ -11,17 +12,48 @@ specfleet's GET /healthz and /v1/targets tell readiness without touching a model
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from supervisor.config.schema import ApiKey, Fleet
 
+# LiteLLM reads a key from the environment ("os.environ/VAR"), never from a file: a key that
+# specfleet reads from a file becomes a variable that LiteLLM's host must set to the file's
+# contents. One variable per file: the daemon's token, and each target's own key.
+TOKEN_VARIABLE = "SPECFLEET_API_TOKEN"
 
-def _key_reference(key: ApiKey | None) -> str | None:
+
+def _file_variable(target: str | None) -> str:
+    if target is None:
+        return TOKEN_VARIABLE
+    return f"SPECFLEET_{re.sub(r'[^A-Z0-9]+', '_', target.upper()).strip('_')}_API_KEY"
+
+
+def _key_reference(key: ApiKey | None, target: str | None) -> str | None:
+    """A clean `os.environ/VAR` that LiteLLM resolves; what VAR must hold is in `notes`."""
     if key is None:
         return None
-    if key.env:
-        return f"os.environ/{key.env}"
-    return f"os.environ/SPECFLEET_KEY_FROM_FILE  # contents of {key.file}"
+    return f"os.environ/{key.env or _file_variable(target)}"
+
+
+def _key_source(fleet: Fleet, name: str) -> tuple[ApiKey | None, str | None, str]:
+    """The key a request for target `name` needs: (key, target for its variable, setting)."""
+    if fleet.daemon.proxy.enabled:
+        return fleet.daemon.api_token, None, "daemon.api_token"
+    return fleet.targets[name].api_key, name, f"targets.{name}.api_key"
+
+
+def notes(fleet: Fleet) -> list[str]:
+    """What the operator must do for the config to work: one line per variable that stands
+    for a key file (for a YAML comment, or stderr next to JSON)."""
+    out: dict[str, str] = {}
+    for name in fleet.targets:
+        key, target, setting = _key_source(fleet, name)
+        if key is not None and key.file is not None:
+            var = _file_variable(target)
+            out[var] = (f"set {var} in LiteLLM's environment to the contents of {key.file} "
+                        f"({setting}.file); LiteLLM reads keys from the environment only")
+    return list(out.values())
 
 
 def config(fleet: Fleet) -> dict[str, Any]:
@@ -32,10 +64,9 @@ def config(fleet: Fleet) -> dict[str, Any]:
             host, _, port = proxy.listen.rpartition(":")
             host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
             api_base = f"http://{host}:{port}/v1"
-            key = _key_reference(fleet.daemon.api_token)
         else:
             api_base = f"{target.base_url}/v1"
-            key = _key_reference(target.api_key)
+        key = _key_reference(*_key_source(fleet, name)[:2])
         params: dict[str, Any] = {"model": f"openai/{name}", "api_base": api_base}
         params["api_key"] = key or "none"  # the openai client needs some key
         model_list.append({"model_name": name, "litellm_params": params,

@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from supervisor.config.loader import LoadedFleet, load_fleet
+from supervisor.config.schema import Target
+from supervisor.config.yamlsource import Problem
 from supervisor.plugin.registry import BackendRegistry
 
 
-def load(path: str, registry: BackendRegistry) -> LoadedFleet:
+def load(path: str, registry: BackendRegistry, runtime_files: bool = True) -> LoadedFleet:
     """The fleet at `path`, checked by the registry's backends; its warnings go to stderr
-    because stdout carries the command's own output (commands, configs) for pipes."""
-    loaded = load_fleet(path, registry.check_target)
+    because stdout carries the command's own output (commands, configs) for pipes.
+
+    `runtime_files=False` is for commands that only describe the fleet to something else
+    (`export`): what the backends check (model and draft files, the runtime binary, the
+    pairing of model and draft, even whether the backend is installed) needs the host that
+    runs the models, not a router's host, so those problems become warnings."""
+    check = registry.check_target if runtime_files else _as_warnings(registry)
+    loaded = load_fleet(path, check)
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
     return loaded
+
+
+def _as_warnings(registry: BackendRegistry) -> Callable[[Target], list[Problem]]:
+    def check(target: Target) -> list[Problem]:
+        return [Problem(p.path, p.message if p.severity == "warning" else
+                        f"{p.message} (not needed here; `specfleet check` on the host that "
+                        "runs the fleet reports it as an error)", "warning")
+                for p in registry.check_target(target)]
+    return check
