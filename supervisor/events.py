@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import Any
+
+from supervisor.atomicfile import LOG_ONLY, StateReport, set_aside
 
 
 @dataclass(frozen=True)
@@ -43,20 +46,77 @@ class EventBus:
             fn(event)
 
 
-class EventLog:
-    """Every event as a JSON line in <state_dir>/events.jsonl (rotated at 10 MiB, 3 kept)."""
+class _RaisingHandler(RotatingFileHandler):
+    """A rotating file whose write errors reach the caller (logging's default prints a
+    traceback to stderr for each record and goes on)."""
 
-    def __init__(self, path: Path) -> None:
-        self._handler = RotatingFileHandler(path, maxBytes=10 * 1024 * 1024, backupCount=3,
-                                            encoding="utf-8")
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            raise exc
+
+
+class EventLog:
+    """Every event as a JSON line in <state_dir>/events.jsonl (rotated at 10 MiB, 3 kept).
+
+    A line that cannot be written (a full disk) is reported to `report`, never raised, and
+    written when `report` retries (as far as the file's buffer holds it). A corrupt file
+    (not UTF-8, or a line that is not a JSON object) is set aside before the first line is
+    written, and reported."""
+
+    def __init__(self, path: Path, report: StateReport = LOG_ONLY) -> None:
+        self.path = path
+        self.report = report
+        self._checked = False
+        self._handler = _RaisingHandler(path, maxBytes=10 * 1024 * 1024, backupCount=3,
+                                        encoding="utf-8", delay=True)
         self._handler.setFormatter(logging.Formatter("%(message)s"))
 
     def append(self, event: Event) -> None:
-        line = json.dumps(event.to_dict())
-        self._handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+        if not self._checked:
+            self._checked = True
+            self._set_aside_if_corrupt()
+        record = logging.makeLogRecord({"msg": json.dumps(event.to_dict()),
+                                        "levelno": logging.INFO})
+        emitted = False
+
+        def write() -> None:  # the first time the line; a retry flushes what the file holds
+            nonlocal emitted
+            if emitted:
+                self._handler.flush()
+            else:
+                emitted = True
+                self._handler.emit(record)
+
+        self.report.attempt(self.path.name, write)
+
+    def _set_aside_if_corrupt(self) -> None:
+        try:
+            lines = self.path.read_bytes().decode().splitlines()
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            error = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        else:
+            bad = next((n for n, line in enumerate(lines, 1) if line and not _json_object(line)),
+                       None)
+            if bad is None:
+                return
+            error = f"line {bad} is not a JSON object"
+        self.report.corrupt(self.path, set_aside(self.path), error)
+
+    def close(self) -> None:
+        self._handler.close()
 
     def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._handler.close()
+        self.close()
+
+
+def _json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
 def _running_fleet_vram(state_dir: str) -> dict[int, int]:
     """VRAM per GPU held by the targets of a daemon running on this state_dir: `check` on a
     running system plans as if that fleet were replaced, not added."""
-    status = statusfile.read(Path(state_dir).expanduser())
+    status = statusfile.read(Path(state_dir).expanduser(),
+                             warn=lambda problem: print(f"specfleet: {problem}", file=sys.stderr))
     if status is None or not statusfile.daemon_alive(status.get("daemon", {})):
         return {}
     return placement.held_vram(t.get("resources") or {} for t in status.get("targets", []))

@@ -6,6 +6,7 @@ import argparse
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         state_dir = Path(load_fleet(args.file).fleet.daemon.state_dir).expanduser()
     else:
         state_dir = Path(default_state_dir())
-    status = statusfile.read(state_dir)
+    unreadable: list[str] = []
+    status = statusfile.read(state_dir, warn=unreadable.append)
     token = None
     if args.file:
         from supervisor.api.server import read_api_token
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         if statusfile.daemon_alive(status.get("daemon", {})):
             status = _status_from_api(status, token) or status
     if status is None:
-        print(f"no specfleet daemon has run with state_dir {state_dir} "
+        print(f"specfleet: {unreadable[0]}" if unreadable else
+              f"no specfleet daemon has run with state_dir {state_dir} "
               "(give the fleet file or --state-dir)", file=sys.stderr)
         return 1
     alive = statusfile.daemon_alive(status.get("daemon", {}))
@@ -67,7 +70,26 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**status, "daemon_running": alive}, indent=1))
     else:
         print(statusview.render(status, alive, width=terminal_width()))
+        for note in _daemon_notes(status, alive):
+            print(note)
     return 0 if alive else 3
+
+
+STALE = 30.0  # seconds; a running daemon rewrites its status file every 5 s
+
+
+def _daemon_notes(status: dict[str, Any], alive: bool) -> list[str]:
+    """What is wrong with the daemon itself: its state dir (status.json and the API)."""
+    daemon = status.get("daemon", {})
+    notes = []
+    if daemon.get("status", "ok") != "ok":
+        notes.append(f"daemon: {daemon['status']}")
+    age = time.time() - float(daemon.get("updated") or time.time())
+    if alive and status.get("source", "").startswith("file") and age > STALE:
+        notes.append(f"daemon: the status file was last written {age:.0f} s ago; the daemon "
+                     "may not be able to write its state dir (give the fleet file to ask its "
+                     "API)")
+    return notes
 
 
 def terminal_width() -> int | None:

@@ -30,6 +30,7 @@ from supervisor.daemon import statusfile
 from supervisor.daemon.fleet import FleetSupervisors
 from supervisor.daemon.logs import get_logger
 from supervisor.daemon.notify import Notifier
+from supervisor.daemon.statedir import StateDirHealth
 from supervisor.errors import SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
 from supervisor.gpu.monitor import HeadroomAlert, ResourceMonitor
@@ -56,11 +57,16 @@ class Daemon:
                                         settings.log_max_bytes, settings.log_backups)
         self.systemd = SystemdLauncher(settings.systemd, self.state_dir)
         self.external = ExternalLauncher()
+        # Every writer of the state dir reports here instead of raising (a full disk).
+        self.state_health = StateDirHealth(self.state_dir, self.emit)
+        self.launcher.children.report = self.state_health
         self.notifier = Notifier()
         self._ready_sent = False
         self.targets = FleetSupervisors(fleet_path, loaded.fleet, registry, self.events,
                                         self._launcher_for, Placer(settings.gpu),
                                         self.state_dir, self.emit, self.daemon_info)
+        self.targets.tuning_store.report = self.state_health
+        self.targets.records.report = self.state_health
         self.targets.before_apply = self._before_reload
         self.targets.after_apply = self._after_reload
         self.targets.on_owner_error = self._owner_ended
@@ -82,8 +88,14 @@ class Daemon:
     # --- lifecycle ---
 
     async def run(self) -> int:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with self._single_instance(), EventLog(self.state_dir / "events.jsonl") as event_log:
+        self.state_health.loop = asyncio.get_running_loop()
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecfleetError(f"cannot create state_dir {self.state_dir}: "
+                                 f"{exc.strerror or exc}") from None
+        with (self._single_instance(),
+              EventLog(self.state_dir / "events.jsonl", self.state_health) as event_log):
             self.events.subscribe(event_log.append)
             if killed := self.launcher.sweep_orphans():
                 self.log.warning("killed processes left by a daemon that died uncleanly",
@@ -150,7 +162,11 @@ class Daemon:
     @contextlib.contextmanager
     def _single_instance(self) -> Iterator[None]:
         lock_path = self.state_dir / "daemon.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise SpecfleetError(f"cannot create the lock file {lock_path}: "
+                                 f"{exc.strerror or exc} (state_dir must be writable)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -158,8 +174,14 @@ class Daemon:
             os.close(fd)
             raise SpecfleetError(f"another specfleet daemon (pid {holder}) is using state_dir "
                                  f"{self.state_dir}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:  # the pid in the lock file is also the check that the state dir takes writes
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise SpecfleetError(f"cannot write the lock file {lock_path}: "
+                                 f"{exc.strerror or exc} (state_dir must be writable)") from None
         try:
             yield
         finally:
@@ -221,7 +243,8 @@ class Daemon:
 
     def daemon_info(self) -> dict[str, Any]:
         settings = self.settings
-        return {"status": "ok", "pid": os.getpid(), "create_time": self._create_time,
+        return {"status": self.state_health.problem or "ok",
+                "pid": os.getpid(), "create_time": self._create_time,
                 "version": __version__, "fleet_file": str(self.fleet_path),
                 "started": self._started, "updated": time.time(),
                 "state_dir": str(self.state_dir), "gpus": self.monitor.snapshot.to_dict(),
@@ -277,7 +300,10 @@ class Daemon:
             self.log.info(event.reason, kind=event.kind, target=event.target, **data)
 
     def write_status(self) -> None:
-        statusfile.write(self.state_dir, self.targets.daemon_info(),
-                         [s.status() for s in self.targets.supervisors.values()])
+        """Rewrite status.json, and retry what could not be written before (a full disk)."""
+        self.state_health.attempt(statusfile.STATUS_FILE, lambda: statusfile.write(
+            self.state_dir, self.targets.daemon_info(),
+            [s.status() for s in self.targets.supervisors.values()]))
+        self.state_health.retry()
         if self._ready_sent:
             self.notifier.status(self.summary())

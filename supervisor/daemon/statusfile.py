@@ -7,6 +7,7 @@ It says which daemon wrote it, so a reader can tell a live daemon from a stale f
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,40 @@ def write(state_dir: Path, daemon: dict[str, Any], targets: list[TargetStatus]) 
                {"daemon": daemon, "targets": [asdict(t) for t in targets]}, indent=1)
 
 
-def read(state_dir: Path) -> dict[str, Any] | None:
+def read(state_dir: Path, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The status a daemon wrote; None when there is none, or when it is unreadable (not
+    UTF-8 JSON, or not shaped as a status): then `warn` is told so, in one sentence."""
+    path = state_dir / STATUS_FILE
     try:
-        return json.loads((state_dir / STATUS_FILE).read_text())
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError:
+        problem = "not UTF-8 text"
+    except ValueError as exc:
+        problem = f"not JSON: {exc}"
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    else:
+        problem = _shape_problem(data)
+        if problem is None:
+            return data
+    if warn is not None:
+        warn(f"the status file {path} is unreadable ({problem}); treating it as no status")
+    return None
+
+
+def _shape_problem(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    if not isinstance(data.get("daemon", {}), dict):
+        return "its daemon block is not an object"
+    targets = data.get("targets", [])
+    if not isinstance(targets, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str)
+            and isinstance(t.get("state"), str) for t in targets):
+        return "its targets are not a list of targets with a name and a state"
+    return None
 
 
 def daemon_alive(daemon: dict[str, Any]) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.atomicfile import write_json
+from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json
 from supervisor.gpu import oom
 from supervisor.plugin.backend import LaunchSpec
 
@@ -64,20 +63,23 @@ class OutputLog:
 
 
 class ChildRegistry:
-    """pids of running children in <state_dir>/children.json, for the orphan sweep."""
+    """pids of running children in <state_dir>/children.json, for the orphan sweep. The
+    daemon's view is kept here and the file rewritten from it: a write that fails (a full
+    disk) is reported to `report`, never raised, and catches up when retried."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, report: StateReport = LOG_ONLY) -> None:
         self.path = path
+        self.report = report
+        self._data: dict[str, dict[str, float]] | None = None
 
     def _read(self) -> dict[str, dict[str, float]]:
-        try:
-            data = json.loads(self.path.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        if self._data is None:
+            self._data = read_state(self.path, self.report)
+        return self._data
 
     def _write(self, data: dict[str, dict[str, float]]) -> None:
-        write_json(self.path, data)
+        self._data = data
+        self.report.attempt(self.path.name, lambda: write_json(self.path, self._data))
 
     def add(self, name: str, pid: int) -> None:
         data = self._read()

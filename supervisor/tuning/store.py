@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomicfile import write_json
+from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json
 from supervisor.tuning.speedup import Measurement
 
 SPECULATING, BASELINE, OFF = "speculating", "baseline", "off"
@@ -40,17 +39,18 @@ class TunerMemory:
 
 
 class TuningStore:
-    """<state_dir>/tuning.json: every target's TunerMemory, written atomically."""
+    """<state_dir>/tuning.json: every target's TunerMemory, written atomically. A save that
+    cannot be written (a full disk) is reported to `report` and kept here, and written with
+    the next save or when `report` retries; a corrupt file is set aside (`read_state`)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, report: StateReport = LOG_ONLY) -> None:
         self.path = path
+        self.report = report
+        self._unsaved: dict[str, dict[str, Any]] = {}
 
     def load(self, name: str, fingerprint: str) -> TunerMemory:
         """The target's memory, or a fresh one if none is kept or its configuration changed."""
-        try:
-            raw = json.loads(self.path.read_text()).get(name)
-        except (OSError, ValueError, AttributeError):
-            raw = None
+        raw = self._unsaved.get(name) or read_state(self.path, self.report).get(name)
         if not isinstance(raw, dict):
             return TunerMemory(fingerprint)
         try:
@@ -65,11 +65,11 @@ class TuningStore:
         return memory
 
     def save(self, name: str, memory: TunerMemory) -> None:
-        try:
-            data = json.loads(self.path.read_text())
-            if not isinstance(data, dict):
-                data = {}
-        except (OSError, ValueError):
-            data = {}
-        data[name] = asdict(memory)
+        self._unsaved[name] = asdict(memory)
+        self.report.attempt(self.path.name, self._write)
+
+    def _write(self) -> None:
+        data = read_state(self.path, self.report)
+        data.update(self._unsaved)
         write_json(self.path, data, indent=1)
+        self._unsaved.clear()
