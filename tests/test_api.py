@@ -258,3 +258,72 @@ def test_a_configured_token_that_cannot_be_read_stops_the_start_instead_of_openi
     assert done.returncode == 1
     assert "daemon.api_token.env names SF_MISSING_TOKEN, which is not set" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# --- issue 12, item 14: restarts by reason, and a dashboard that shows 0 rather than nothing ---
+
+def scrape(statuses: list[dict]) -> dict[tuple[str, tuple], float]:
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from supervisor.api.promexport import registry_for
+
+    fake = SimpleNamespace(fleet_file="f.yaml", target_statuses=lambda: statuses)
+    text = generate_latest(registry_for(fake)).decode()  # type: ignore[arg-type]
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_every_restart_is_counted_by_reason_beside_the_restart_policy_gauge():
+    status = {"name": "t", "backend": "llamacpp", "state": "ready", "restarts": 1,
+              "restarts_by_reason": {"crash": 1, "restart": 2, "retune": 3}}
+    samples = scrape([status])
+
+    def by_reason(reason: str) -> float:
+        return samples[("specfleet_target_restarts_by_reason_total",
+                        (("backend", "llamacpp"), ("reason", reason), ("target", "t")))]
+
+    assert (by_reason("crash"), by_reason("restart"), by_reason("retune")) == (1, 2, 3)
+    assert by_reason("hang") == 0  # the usual reasons exist from the start, so increase() works
+    assert samples[("specfleet_target_restarts", (("backend", "llamacpp"), ("target", "t")))] == 1
+
+
+def test_a_target_status_without_restarts_by_reason_exports_zeros():
+    samples = scrape([{"name": "t", "backend": "llamacpp", "state": "ready", "restarts": 0}])
+    counted = [v for (name, _), v in samples.items()
+               if name == "specfleet_target_restarts_by_reason_total"]
+    assert counted and set(counted) == {0.0}
+
+
+def test_the_dashboards_failed_panel_shows_zero_when_every_target_is_healthy():
+    dashboard = json.loads((REPO / "examples" / "grafana-dashboard.json").read_text())
+    panel = next(p for p in dashboard["panels"] if p["title"].lower().startswith("failed"))
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    # A filter such as `== 1` returns no series when nothing failed ("No data" in Grafana);
+    # an aggregation over the 0/1 state gauges, with a fallback for no series at all, is 0.
+    assert "==" not in expr and expr.replace(" ", "").endswith("orvector(0)"), expr
+    assert expr.startswith(("sum(", "count("))
+
+
+def test_the_dashboard_charts_restarts_by_reason():
+    dashboard = json.loads((REPO / "examples" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert any("specfleet_target_restarts_by_reason_total" in e and "reason" in e for e in exprs)
+
+
+def test_an_api_restart_is_counted_with_reason_restart_and_not_as_a_policy_restart(
+        fleet_with_token, start_daemon):
+    api, _ = addresses(fleet_with_token)
+    daemon = start_daemon(fleet_with_token)
+    pid = daemon.wait_state("alpha", "ready")["pid"]
+    assert request(f"{api}/v1/targets/alpha/restart", TOKEN, method="POST")[0] == 202
+    wait_for(lambda: (t := daemon.target("alpha"))["state"] == "ready" and t["pid"] != pid,
+             60, "alpha restarted")
+    text = request(f"{api}/metrics", TOKEN)[1].decode()
+    samples = {(s.name, s.labels.get("reason")): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("target") == "alpha"}
+    assert samples[("specfleet_target_restarts_by_reason_total", "restart")] == 1
+    assert samples[("specfleet_target_restarts_by_reason_total", "crash")] == 0
+    assert samples[("specfleet_target_restarts", None)] == 0  # the restart policy's own count

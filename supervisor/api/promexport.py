@@ -8,14 +8,32 @@ kube-state-metrics, so that `specfleet_target_state{state="failed"} == 1` alerts
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 from supervisor import __version__
 from supervisor.api.fleetview import FleetView
 from supervisor.target.states import State
 
 LABELS = ["target", "backend"]
+# Reasons exported as 0 before they first happen, so that increase() and alerts see the
+# series from the start; any other reason in a target's `restarts_by_reason` (a failure
+# kind such as start_timeout or port_in_use) appears when it first counts.
+USUAL_RESTART_REASONS = ("crash", "hang", "out_of_memory", "restart", "retune")
+
+
+def _restarts_by_reason(target: dict[str, Any]) -> dict[str, int]:
+    """Every restart of the target's process by reason: the failure kind that the restart
+    policy restarted after, or the command (`restart`: the API or a reload; `retune`)."""
+    counted = target.get("restarts_by_reason") or {}
+    return dict(sorted({**dict.fromkeys(USUAL_RESTART_REASONS, 0), **counted}.items()))
 
 
 class FleetCollector:
@@ -36,6 +54,12 @@ class FleetCollector:
         state = family("specfleet_target_state", "1 for the target's current state.", ["state"])
         ready = family("specfleet_target_ready", "1 when the target serves requests.")
         restarts = family("specfleet_target_restarts", "Restarts by the restart policy.")
+        # Not `specfleet_target_restarts_total`: one name away from the gauge above, it
+        # would read as the same count, and OpenMetrics would give both one family name.
+        by_reason = CounterMetricFamily(
+            "specfleet_target_restarts_by_reason",
+            "Every restart of the process, by reason: a failure kind or a command.",
+            labels=[*LABELS, "reason"])
         rate = family("specfleet_target_acceptance_rate",
                       "Accepted / drafted tokens (tuning window, else since start).")
         mean_len = family("specfleet_target_mean_accepted_length",
@@ -51,6 +75,8 @@ class FleetCollector:
                 state.add_metric([*labels, s.value], 1.0 if t["state"] == s.value else 0.0)
             ready.add_metric(labels, 1.0 if t["state"] in ("ready", "degraded") else 0.0)
             restarts.add_metric(labels, t["restarts"])
+            for reason, count in _restarts_by_reason(t).items():
+                by_reason.add_metric([*labels, reason], count)
             shown = t.get("shown") or {}  # tuning/quantities.py: what status shows too
             for gauge, key in ((rate, "acceptance_rate"), (mean_len, "mean_accepted_length"),
                                  (tps, "tokens_per_second"), (length, "draft_length")):
@@ -61,7 +87,7 @@ class FleetCollector:
                 vram.add_metric(labels, resources["vram_bytes"])
             if resources.get("rss_bytes"):
                 rss.add_metric(labels, resources["rss_bytes"])
-        yield from (state, ready, restarts, rate, mean_len, length, tps, vram, rss)
+        yield from (state, ready, restarts, by_reason, rate, mean_len, length, tps, vram, rss)
 
 
 def registry_for(fleet: FleetView) -> CollectorRegistry:
