@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,6 +251,19 @@ def test_check_says_a_corrupt_status_file_is_unreadable_and_goes_on(
     assert "Traceback" not in out.stderr
     assert "status.json is unreadable" in out.stderr
     assert "llama-server --model" in out.stdout
+
+
+def test_status_says_when_a_running_daemon_has_not_rewritten_its_status_file(tmp_path):
+    import psutil
+
+    me = psutil.Process()  # a running process stands for the daemon that wrote the file
+    daemon = {"pid": me.pid, "create_time": me.create_time(), "started": time.time() - 600,
+              "updated": time.time() - 120, "status": "ok"}
+    (tmp_path / "status.json").write_text(json.dumps({"daemon": daemon, "targets": []}))
+    out = specfleet("status", "--state-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "the status file was last written 12" in out.stdout  # 120 s and the run time
+    assert "may not be able to write its state dir" in out.stdout
 
 
 CORRUPT = {"tuning.json": b"\x00\xff not json", "children.json": b"[1, 2, 3]",

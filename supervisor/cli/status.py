@@ -84,7 +84,8 @@ def _daemon_notes(status: dict[str, Any], alive: bool) -> list[str]:
     notes = []
     if daemon.get("status", "ok") != "ok":
         notes.append(f"daemon: {daemon['status']}")
-    age = time.time() - float(daemon.get("updated") or time.time())
+    updated = daemon.get("updated")
+    age = time.time() - updated if isinstance(updated, int | float) else 0.0
     if alive and status.get("source", "").startswith("file") and age > STALE:
         notes.append(f"daemon: the status file was last written {age:.0f} s ago; the daemon "
                      "may not be able to write its state dir (give the fleet file to ask its "
