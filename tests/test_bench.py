@@ -9,7 +9,9 @@ import sys
 import pytest
 import yaml
 
+from supervisor.bench import runner
 from supervisor.bench.runner import OFF, RunResult, recommend, summarize, sweep_lengths
+from supervisor.config.schema import Target
 from tests.conftest import REPO, free_port
 
 
@@ -29,6 +31,56 @@ def test_speedups_are_against_speculation_off_in_the_same_run():
     best, per_workload = recommend(list(rows.values()))
     assert per_workload == {"code": "8", "prose": OFF}
     assert best == OFF  # geometric mean of 2.0 and 0.5 is 1.0: a tie goes to off
+
+
+def one_run_each() -> list[RunResult]:
+    """Speculation off and n=8 on one workload, one run each, n=8 drafting 4 tokens."""
+    return [RunResult(OFF, "code", 1, 100, 2.0, 0, 0), RunResult("8", "code", 1, 100, 1.9, 4, 3)]
+
+
+def test_the_spread_of_a_single_run_is_unknown_not_zero():
+    rows = {s.setting: s for s in summarize(one_run_each())}
+    assert rows["8"].tps_stdev is None
+    table = runner.render_table(list(rows.values())).splitlines()
+    spread = table[0].split().index("±")
+    assert [ln.split()[spread] for ln in table[1:]] == ["n/a", "n/a"]
+
+
+def test_a_recommendation_from_thin_evidence_comes_with_its_caveats(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "plot", lambda *a, **k: None)
+    target = Target(name="t", backend="llamacpp", model="m.gguf", port=1,
+                    speculation={"method": "ngram"})
+    table, json_path, _ = runner.write_report(tmp_path, target, one_run_each(), {})
+    report = json.loads(json_path.read_text())
+    assert report["recommended"] == "8"
+    caveats = report["caveats"]
+    assert any("4 drafted tokens" in c and str(runner.MIN_DRAFTED_TOKENS) in c for c in caveats)
+    assert any("one run" in c for c in caveats)
+    assert all(f"caveat: {c}" in table for c in caveats)
+    assert "recommended for this mix of workloads: draft length 8 (tentative" in table
+
+
+def test_enough_evidence_gives_a_recommendation_without_caveats():
+    n = runner.MIN_DRAFTED_TOKENS
+    results = [RunResult(OFF, "code", r, 100, 2.0 + r / 100, 0, 0) for r in (1, 2, 3)] + \
+              [RunResult("8", "code", r, 100, 1.0 + r / 100, n, n // 2) for r in (1, 2, 3)]
+    assert runner.caveats(summarize(results), "8", {"code": "8"}) == []
+
+
+def test_the_plot_starts_at_zero_and_names_the_baseline_in_the_legend(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    results = [RunResult(OFF, "code", r, 100, 1.0, 0, 0) for r in (1, 2)] + \
+              [RunResult(k, "code", r, 94 + 3 * int(k), 1.0, 80, 60)
+               for k in ("4", "8") for r in (1, 2)]
+    runner.plot(summarize(results), tmp_path / "bench.png", "t")
+    (ax,) = figures[0].axes
+    assert ax.get_ylim()[0] == 0  # 94 against 100 tok/s is 6 %, not a cliff
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("speculation off" in label and "code" in label for label in labels), labels
+    plt.close(figures[0].number)
 
 
 @pytest.mark.live

@@ -4,7 +4,8 @@ For one target, start its runtime without speculation and at each draft length o
 a sweep (on a free port, so a running fleet is not disturbed), send every workload
 class `runs` times, and report tokens/s (mean and spread), draft acceptance and the
 speedup against speculation off, measured in the same run. Output: a table on the
-terminal, bench.json and bench.png, and the recommended setting.
+terminal, bench.json and bench.png, and the recommended setting, with caveats when the
+evidence behind it is thin (one run: the spread is unknown; few drafted tokens).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ from supervisor.launcher.process import ProcessLauncher
 from supervisor.plugin.backend import Backend, Readiness
 
 OFF = "off"
+# Fewer drafted tokens than this behind a recommended setting is too little to recommend
+# from without a caveat: an acceptance rate measured on n drafted tokens has a 95 % interval
+# of up to +-1.96 * 0.5 / sqrt(n), +-5 points at 400, and that is a floor: tokens drafted in
+# one step succeed or fail together. The default bench (3 runs x 128 tokens x each
+# workload's prompts) drafts thousands; `--max-tokens 32 --runs 1` can draft a handful.
+MIN_DRAFTED_TOKENS = 400
 
 
 @dataclass(frozen=True)
@@ -52,9 +59,11 @@ class Summary:
     setting: str
     workload: str
     tps_mean: float
-    tps_stdev: float
+    tps_stdev: float | None  # None with one run: unknown, not zero
     acceptance: float | None
     speedup: float | None  # against "off" for the same workload, same run
+    runs: int = 1
+    draft_tokens: int = 0
 
 
 def sweep_lengths(low: int, high: int, current: int | None) -> list[int]:
@@ -82,9 +91,10 @@ def summarize(results: list[RunResult]) -> list[Summary]:
         drafted = sum(r.draft_tokens for r in rs)
         mean = statistics.fmean(tps)
         out.append(Summary(setting, workload, mean,
-                           statistics.stdev(tps) if len(tps) > 1 else 0.0,
+                           statistics.stdev(tps) if len(tps) > 1 else None,
                            sum(r.accepted_tokens for r in rs) / drafted if drafted else None,
-                           mean / off[workload] if off.get(workload) else None))
+                           mean / off[workload] if off.get(workload) else None,
+                           runs=len(rs), draft_tokens=drafted))
     return out
 
 
@@ -103,13 +113,32 @@ def recommend(summary: list[Summary]) -> tuple[str, dict[str, str]]:
     return best, dict(sorted(per_workload.items()))
 
 
+def caveats(summary: list[Summary], best: str, per_workload: dict[str, str]) -> list[str]:
+    """Why the recommendation may not hold: each a sentence; none when the evidence suffices."""
+    out = []
+    if any(s.runs < 2 for s in summary):
+        out.append("one run per setting: the spread of tokens/s is unknown (n/a), so a "
+                   "difference may be noise; use --runs 3 or more")
+    chosen = {(w, best) for w in per_workload} | set(per_workload.items())
+    thin = sorted((s for s in summary if s.setting != OFF and (s.workload, s.setting) in chosen
+                   and s.draft_tokens < MIN_DRAFTED_TOKENS),
+                  key=lambda s: (s.workload, int(s.setting)))
+    if thin:
+        where = ", ".join(f"n={s.setting} on {s.workload}: {s.draft_tokens} drafted tokens"
+                          for s in thin)
+        out.append(f"too little drafting to judge acceptance ({where}; fewer than "
+                   f"{MIN_DRAFTED_TOKENS}); use more --runs, a larger --max-tokens or more "
+                   "prompts")
+    return out
+
+
 def render_table(summary: list[Summary]) -> str:
     def order(setting: str) -> int:
         return -1 if setting == OFF else int(setting)
     rows = [("workload", "setting", "tok/s", "±", "acceptance", "speedup")]
     for s in sorted(summary, key=lambda s: (s.workload, order(s.setting))):
         rows.append((s.workload, s.setting if s.setting == OFF else f"n={s.setting}",
-                     f"{s.tps_mean:.1f}", f"{s.tps_stdev:.1f}",
+                     f"{s.tps_mean:.1f}", "n/a" if s.tps_stdev is None else f"{s.tps_stdev:.1f}",
                      "-" if s.acceptance is None else f"{100 * s.acceptance:.0f}%",
                      "-" if s.speedup is None else f"{s.speedup:.2f}x"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -128,16 +157,21 @@ def plot(summary: list[Summary], path: Path, title: str) -> None:
     for w in sorted({s.workload for s in summary}):
         rows = sorted((s for s in summary if s.workload == w and s.setting != OFF),
                       key=lambda s: int(s.setting))
+        spread = [s.tps_stdev for s in rows]
         line = ax.errorbar([int(s.setting) for s in rows], [s.tps_mean for s in rows],
-                           yerr=[s.tps_stdev for s in rows], marker="o", capsize=3, label=w)
+                           yerr=None if None in spread else spread, marker="o", capsize=3,
+                           label=w)
         off = next((s for s in summary if s.workload == w and s.setting == OFF), None)
         if off is not None:
-            ax.axhline(off.tps_mean, linestyle="--", color=line[0].get_color(), alpha=0.6)
+            ax.axhline(off.tps_mean, linestyle="--", color=line[0].get_color(), alpha=0.6,
+                       label=f"{w}: speculation off")
     ax.set_xscale("log", base=2)
     lengths = sorted({int(s.setting) for s in summary if s.setting != OFF})
     ax.set_xticks(lengths, [str(k) for k in lengths])
-    ax.set_xlabel("draft length (dashed: speculation off)")
+    ax.set_xlabel("draft length")
     ax.set_ylabel("generated tokens/s")
+    # From zero, so that a 6 % difference does not look like a cliff; room above the top line.
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
     ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)
@@ -224,11 +258,15 @@ def write_report(out_dir: Path, target: Target, results: list[RunResult],
     """Table text, bench.json and bench.png; returns (table with recommendation, json, png)."""
     summary = summarize(results)
     best, per_workload = recommend(summary)
+    warnings = caveats(summary, best, per_workload)
     best_text = "speculation off" if best == OFF else f"draft length {best}"
+    if warnings:
+        best_text += " (tentative: see the caveats below)"
     table = render_table(summary)
     table += f"\n\nrecommended for this mix of workloads: {best_text}"
     table += "\nbest per workload: " + ", ".join(
         f"{w}: {'off' if s == OFF else 'n=' + s}" for w, s in per_workload.items())
+    table += "".join(f"\ncaveat: {c}" for c in warnings)
     json_path, png_path = out_dir / "bench.json", out_dir / "bench.png"
     json_path.write_text(json.dumps({
         "target": target.name, "method": target.speculation.method,
@@ -236,6 +274,7 @@ def write_report(out_dir: Path, target: Target, results: list[RunResult],
         "results": [{**asdict(r), "tokens_per_second": round(r.tokens_per_second, 3)}
                     for r in results],
         "summary": [asdict(s) for s in summary],
-        "recommended": best, "best_per_workload": per_workload}, indent=1))
+        "recommended": best, "best_per_workload": per_workload, "caveats": warnings},
+        indent=1))
     plot(summary, png_path, f"specfleet bench: {target.name} ({target.speculation.method})")
     return table, json_path, png_path
