@@ -317,3 +317,22 @@ def test_the_daemon_starts_over_corrupt_state_files_warns_once_each_and_keeps_co
         assert len([r for r in reasons if r.startswith(f"{name} ")]) == 1, reasons
     assert isinstance(json.loads((state_dir / "hashes.json").read_text()), dict)
     assert "Traceback" not in daemon.log()
+
+
+def test_a_runtime_log_on_a_full_disk_drops_lines_from_the_file_not_the_target(
+        small_fs, capsys):
+    from supervisor.launcher.process import OutputLog
+
+    log = OutputLog(small_fs / "logs" / "t.log", 10 * 1024 * 1024, 1)
+    filler = fill(small_fs)
+    for n in range(200):
+        log.write(f"line {n} " + "x" * 200)
+    log.close()
+    assert list(log.tail)[-1].startswith("line 199")  # the tail still has them
+    assert "Logging error" not in capsys.readouterr().err  # no traceback per line
+    filler.unlink()
+    (small_fs / "a-file").write_text("")
+    uncreatable = OutputLog(small_fs / "a-file" / "t.log", 1024, 1)  # its dir cannot exist
+    uncreatable.write("still kept")
+    uncreatable.close()
+    assert list(uncreatable.tail) == ["still kept"]

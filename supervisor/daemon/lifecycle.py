@@ -296,8 +296,12 @@ class Daemon:
             for problem in event.detail.splitlines():
                 self.log.error("reload rejected", problem=problem)
         else:
-            data = {k: v for k, v in event.data.items() if k not in ("evidence", "window")}
-            self.log.info(event.reason, kind=event.kind, target=event.target, **data)
+            # Events that need a human (a full state dir, a pairing warning) say so in data.
+            level = event.data.get("level") if event.data.get("level") in (
+                "warning", "error") else "info"
+            data = {k: v for k, v in event.data.items()
+                    if k not in ("evidence", "window", "level")}
+            getattr(self.log, level)(event.reason, kind=event.kind, target=event.target, **data)
 
     def write_status(self) -> None:
         """Rewrite status.json, and retry what could not be written before (a full disk)."""

@@ -66,7 +66,7 @@ class StateDirHealth:
         if first:
             self._emit("daemon", f"{self.problem}; running targets are not affected, and "
                        "what could not be written is retried at each status refresh",
-                       data={"file": what, "error": str(exc)})
+                       data={"file": what, "error": str(exc), "level": "warning"})
 
     def _wrote(self, what: str) -> None:
         if self._failing.pop(what, None) is not None and not self._failing:
@@ -78,7 +78,8 @@ class StateDirHealth:
             return
         self._corrupt_seen.add(path)
         self._emit("daemon", corrupt_message(path, kept, error),
-                   data={"file": path.name, "kept": str(kept) if kept else None})
+                   data={"file": path.name, "kept": str(kept) if kept else None,
+                         "level": "warning"})
 
     def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
         try:

@@ -42,24 +42,40 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+class _DroppingHandler(RotatingFileHandler):
+    """A line that cannot be written (a full disk) is dropped from the file, quietly:
+    logging's default prints a traceback per line to the daemon's stderr. The line stays in
+    the in-memory tail, and the state dir's health is reported by the state files' writers."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 class OutputLog:
     """A target's stdout+stderr: a rotating file on disk and the last lines in memory."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups,
-                                            encoding="utf-8")
-        self._handler.setFormatter(logging.Formatter("%(message)s"))
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._handler: RotatingFileHandler | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._handler = _DroppingHandler(path, maxBytes=max_bytes, backupCount=backups,
+                                             encoding="utf-8")
+        except OSError:  # a full or read-only disk must not stop the target from starting
+            return
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
 
     def write(self, line: str, keep: bool = True) -> None:
         if keep:
             self.tail.append(line)
-        self._handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+        if self._handler is not None:
+            self._handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
 
     def close(self) -> None:
-        self._handler.close()
+        if self._handler is not None:
+            with contextlib.suppress(OSError):  # its last buffered lines, on a full disk
+                self._handler.close()
 
 
 class ChildRegistry:
