@@ -183,15 +183,28 @@ def _dedupe(formatted: list[tuple[int, int, str, str]]) -> list[str]:
     return out
 
 
+def _read_yaml(path: Path, environ: dict[str, str] | None) -> tuple[Any, SourceMap, list[Problem]]:
+    """load_yaml, every failure a FleetFileError naming the file; the limits in yamlsource
+    should catch hostile YAML first, the rest is a last line of defence."""
+    try:
+        return load_yaml(path, environ)
+    except YamlSyntaxError as exc:
+        where = f"{path}:{exc.mark.line}:{exc.mark.column}" if exc.mark else str(path)
+        at = f"{dotted(exc.path)}: " if exc.path else ""
+        raise FleetFileError([f"{where}: {at}{exc.message}"]) from None
+    except RecursionError:
+        raise FleetFileError([f"{path}: the YAML is nested or aliased too deeply to read"]) from None
+    except MemoryError:
+        raise FleetFileError([f"{path}: the YAML is too large to read (out of memory)"]) from None
+    except ValueError as exc:
+        raise FleetFileError([f"{path}: the YAML cannot be read: {exc}"]) from None
+
+
 def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
                environ: dict[str, str] | None = None) -> LoadedFleet:
     """Parse and validate a fleet file, or raise FleetFileError listing every problem."""
     path = Path(path)
-    try:
-        data, source, problems = load_yaml(path, environ)
-    except YamlSyntaxError as exc:
-        where = f"{path}:{exc.mark.line}:{exc.mark.column}" if exc.mark else str(path)
-        raise FleetFileError([f"{where}: {exc.message}"]) from None
+    data, source, problems = _read_yaml(path, environ)
     if data is None:
         raise FleetFileError([f"{path}:1:1: the file is empty; {TOP_LEVEL_HINT}"])
     if not isinstance(data, dict):

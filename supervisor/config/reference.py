@@ -22,6 +22,15 @@ from pydantic.fields import FieldInfo
 from supervisor.config.loader import unwrap_annotation
 from supervisor.config.schema import Fleet
 from supervisor.config.units import parse_duration, parse_fraction, parse_size
+from supervisor.config.yamlsource import (
+    MAX_ALIAS_CHARS,
+    MAX_ALIAS_VALUES,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_NUMBER_CHARS,
+    MAX_SCALAR_CHARS,
+    MAX_VALUES,
+)
 
 REGENERATE = "python -m supervisor.config.reference > docs/fleet-file.md"
 # Sections documented by reference only: their keys are those of another section, and
@@ -91,7 +100,18 @@ targets:
   empty variable); `$$` is a literal `$`; an unset variable without a default is an error.
   `~` is expanded in paths.
 - Numbers in `args:` and in `env:` values (`[-ngl, 99]`) become strings. YAML anchors and
-  merge keys (`<<: *common`) work; duplicate keys and tab indentation are errors.
+  merge keys (`<<: *common`) work; duplicate keys and tab indentation are errors, and so
+  are a mapping or list used as a key, a NUL character (`"\\0"`) anywhere, and any tag but
+  the standard `!!str`, `!!int`, `!!float`, `!!bool`, `!!null`, `!!map` and `!!seq`
+  (`!!python/...` and custom `!tags` are refused, never dropped).
+- **Limits**: a fleet file is written by hand, so YAML that only an attack or a mistake
+  produces is refused, within bounded time and memory, with the limit it hit named:
+  - the file: at most {MAX_FILE_BYTES // 1024} KiB;
+  - nesting: at most {MAX_DEPTH} levels deep;
+  - values: at most {MAX_VALUES:,} in the whole file, aliases expanded;
+  - one value: at most {MAX_SCALAR_CHARS // 1024} KiB of text, one number at most {MAX_NUMBER_CHARS} characters;
+  - aliases (`*name`, `<<: *name`): at most {MAX_ALIAS_VALUES:,} values and {MAX_ALIAS_CHARS // 1024} KiB of text
+    produced by expanding them; an alias inside its own anchor (`&r [a, *r]`) is an error.
 - *unset* in the default column means the key is absent; the meaning says what applies then.
 """
 
