@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.config.loader import load_fleet
 from tests.conftest import REPO
 
 GOOD_TARGET = "    model: {model}\n    binary: {binary}\n"
@@ -116,6 +117,16 @@ CASES: list[tuple[str, str | bytes, int, str | None, list[str]]] = [
      "targets.a.env.A\\0B", ["NUL character"]),
     ("impossible date", "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    host: 2001-13-01\n", 7,
      "targets.a.host", ["'2001-13-01'", "month must be in 1..12"]),
+    ("port is true", "version: 1\ntargets:\n  a:\n{t}    port: true\n", 6, "targets.a.port",
+     ["expected a whole number, got true"]),
+    ("a number where true or false is expected",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    tuning: {{enabled: 1}}\n", 7,
+     "targets.a.tuning.enabled", ["expected true or false, got 1"]),
+    ("version is text", "version: \"1\"\ntargets: {{}}\n", 1, "version",
+     ["expected the number 1, got the string '1'"]),
+    ("equals sign in an environment name",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    env: {{\"A=B\": x}}\n", 7,
+     "targets.a.env.A=B", ["not a valid environment variable name", "'='"]),
     ("name inside a target", "version: 1\ntargets:\n  a:\n    name: b\n{t}    port: 8001\n", 4,
      "targets.a.name", ["its key"]),
 ]
@@ -181,3 +192,21 @@ def test_a_bad_value_under_defaults_is_reported_once_not_once_per_target(files, 
     assert proc.returncode == 2
     problems = proc.stderr.splitlines()[:-1]
     assert len(problems) == 1 and "defaults.restart.max_crashes" in problems[0], proc.stderr
+
+
+def test_version_as_text_is_not_answered_with_did_you_mean_the_same_text(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text('version: "1"\ntargets: {}\n')
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    assert proc.returncode == 2
+    assert "did you mean" not in proc.stderr, proc.stderr
+
+
+def test_a_port_written_as_text_or_from_the_environment_is_a_number(files, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    t = GOOD_TARGET.format(**files)
+    fleet.write_text(f"version: 1\ntargets:\n  a:\n{t}    port: '8001'\n"
+                     f"  b:\n{t}    port: ${{PORT}}\n")
+    loaded = load_fleet(fleet, environ={"PORT": "8002"})
+    assert [t.port for t in loaded.fleet.targets.values()] == [8001, 8002]

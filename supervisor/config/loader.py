@@ -48,6 +48,8 @@ def did_you_mean(word: str, options: Iterable[str]) -> str:
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as YAML writes it
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -96,6 +98,10 @@ def _message(err: dict[str, Any]) -> str:
     if kind in ("literal_error", "enum"):
         options = re.findall(r"'([^']*)'", str(ctx.get("expected", ""))) or [
             str(v) for v in re.findall(r"(\d+)", str(ctx.get("expected", "")))]
+        if isinstance(value, str) and "'" not in str(ctx.get("expected", "")) and \
+                value.strip() in options:  # `version: "1"`
+            return (f"expected the number {value.strip()}, got the string {_show(value)} "
+                    "(remove the quotes)")
         hint = did_you_mean(str(value), options) if isinstance(value, str) else ""
         return f"{_show(value)} is not valid{hint}; expected one of: {', '.join(options)}"
     if kind == "string_pattern_mismatch":
@@ -111,7 +117,9 @@ def _message(err: dict[str, Any]) -> str:
         return f"expected a number, got {_show(value)}"
     if kind in ("string_type",):
         return f"expected text, got {_show(value)}"
-    if kind in ("bool_type", "bool_parsing"):
+    if kind == "strict_number":
+        return f"expected {ctx.get('words')}, got {_show(value)}"
+    if kind in ("bool_type", "bool_parsing", "strict_bool"):
         return f"expected true or false, got {_show(value)}"
     msg = str(err["msg"]).removeprefix("Value error, ")
     msg = msg.replace("Input should be", "must be")
@@ -155,6 +163,8 @@ def _schema_problems(data: dict[str, Any]) -> tuple[Fleet | None, list[Problem]]
     except ValidationError as exc:
         for err in exc.errors():
             loc = tuple(err["loc"])
+            if loc[-1:] == ("[key]",):  # a bad key of a mapping: reported at the key
+                loc = loc[:-1]
             # A missing key is reported at the mapping that lacks it; a bad name at its key.
             if err["type"] == "missing" or (loc[:1] == ("targets",) and loc[2:] == ("name",)):
                 loc = loc[:-1]

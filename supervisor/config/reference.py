@@ -99,6 +99,9 @@ targets:
 - `${{VAR}}` and `${{VAR:-default}}` are expanded in every string (the default also replaces an
   empty variable); `$$` is a literal `$`; an unset variable without a default is an error.
   `~` is expanded in paths.
+- **Numbers and booleans**: `true` and `false` are never numbers (`port: true` is an error),
+  and a boolean is `true` or `false` only (not `1` or `yes` in quotes). Text of digits is a
+  number (`port: "8080"`), so that `port: ${{PORT}}` works; `version` is the number `1`.
 - Numbers in `args:` and in `env:` values (`[-ngl, 99]`) become strings. YAML anchors and
   merge keys (`<<: *common`) work; duplicate keys and tab indentation are errors, and so
   are a mapping or list used as a key, a NUL character (`"\\0"`) anywhere, and any tag but

@@ -11,8 +11,18 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from supervisor.config.scalars import env_name, strict_scalar
 from supervisor.config.units import parse_duration, parse_fraction, parse_size
 from supervisor.errors import SpecfleetError
 
@@ -54,6 +64,10 @@ def _env_values(value: Any) -> Any:
     return value
 
 
+Environment = Annotated[dict[Annotated[str, AfterValidator(env_name)], str],
+                        BeforeValidator(_env_values)]
+
+
 def _gpus(value: Any) -> Any:
     if value is None or value in ("all", "none"):
         return value
@@ -67,6 +81,12 @@ def _gpus(value: Any) -> Any:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        # No `port: true` as 1, no `enabled: 1` as true (supervisor/config/scalars.py).
+        return strict_scalar(value, cls.model_fields[str(info.field_name)])
 
 
 class Length(_Strict):
@@ -190,7 +210,7 @@ class TargetDefaults(_Strict):
     gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
     speculation: Speculation | None = None
     args: Annotated[tuple[str, ...], BeforeValidator(_argv_item)] = ()
-    env: Annotated[dict[str, str], BeforeValidator(_env_values)] = Field(default_factory=dict)
+    env: Environment = Field(default_factory=dict)
     binary: str | None = None
     api_key: ApiKey | None = None
     restart: Restart | None = None
@@ -226,7 +246,7 @@ class Target(_Strict):
             "only); unset: the VRAM planner places it."))
     args: Annotated[tuple[str, ...], BeforeValidator(_argv_item)] = Field(default=(), description=(
         "Extra runtime arguments, appended last; flags specfleet sets itself are refused."))
-    env: Annotated[dict[str, str], BeforeValidator(_env_values)] = Field(
+    env: Environment = Field(
         default_factory=dict, description="Extra environment variables of the server.")
     binary: str | None = Field(default=None, description=(
         "The runtime executable; unset: the backend's command on PATH (llama.cpp: then "
