@@ -127,6 +127,16 @@ CASES: list[tuple[str, str | bytes, int, str | None, list[str]]] = [
     ("equals sign in an environment name",
      "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    env: {{\"A=B\": x}}\n", 7,
      "targets.a.env.A=B", ["not a valid environment variable name", "'='"]),
+    ("model is a directory", "version: 1\ntargets:\n  a:\n    model: {dir}\n"
+     "    binary: {binary}\n    port: 8001\n", 4, "targets.a.model",
+     ["is a directory, expected a GGUF file"]),
+    ("draft is a directory",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      method: draft\n"
+     "      draft: {dir}\n", 9, "targets.a.speculation.draft",
+     ["is a directory, expected a GGUF file"]),
+    ("model path too long to open", "version: 1\ntargets:\n  a:\n    model: /" + "m" * 5000 +
+     ".gguf\n    binary: {binary}\n    port: 8001\n", 4, "targets.a.model",
+     ["cannot be read", "too long"]),
     ("name inside a target", "version: 1\ntargets:\n  a:\n    name: b\n{t}    port: 8001\n", 4,
      "targets.a.name", ["its key"]),
 ]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import re
 import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -162,6 +164,25 @@ def check_help_text(help_text: str) -> str | None:
             "speculative decoding as specfleet configures it; upgrade llama.cpp")
 
 
+def gguf_file_problem(kind: str, value: str) -> str | None:
+    """Why `value` cannot be the `kind` ("model", "draft") GGUF file llama-server opens, or
+    None when it is a regular file."""
+    path = Path(value).expanduser()
+    shown = f"{kind} file {str(path)!r}"
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return f"{shown} does not exist" + (
+                "" if path.suffix == ".gguf" else "; llama-server takes a local .gguf file")
+        return f"{shown} cannot be read: {exc.strerror or exc}"
+    if stat.S_ISDIR(mode):
+        return f"{shown} is a directory, expected a GGUF file"
+    if not stat.S_ISREG(mode):
+        return f"{shown} is not a regular file, expected a GGUF file"
+    return None
+
+
 class LlamaCppBackend(Backend):
     name = "llamacpp"
     description = "llama.cpp llama-server"
@@ -179,15 +200,11 @@ class LlamaCppBackend(Backend):
             problems.append(Problem(("options",), "the llamacpp backend takes no options "
                                     f"(got {', '.join(sorted(target.options))}); pass runtime "
                                     "flags in args:"))
-        model = Path(target.model).expanduser()
-        if not model.is_file():
-            problems.append(Problem(("model",), f"model file {str(model)!r} does not exist"
-                                    + ("" if model.suffix == ".gguf" else
-                                       "; llama-server takes a local .gguf file")))
+        if (why := gguf_file_problem("model", target.model)) is not None:
+            problems.append(Problem(("model",), why))
         draft = target.speculation.draft
-        if draft and not Path(draft).expanduser().is_file():
-            problems.append(Problem(("speculation", "draft"),
-                                    f"draft file {draft!r} does not exist"))
+        if draft and (why := gguf_file_problem("draft", draft)) is not None:
+            problems.append(Problem(("speculation", "draft"), why))
         for i, arg in enumerate(target.args):
             flag = arg.split("=", 1)[0]
             if flag in MANAGED_FLAGS:
