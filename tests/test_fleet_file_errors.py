@@ -137,6 +137,14 @@ CASES: list[tuple[str, str | bytes, int, str | None, list[str]]] = [
     ("model path too long to open", "version: 1\ntargets:\n  a:\n    model: /" + "m" * 5000 +
      ".gguf\n    binary: {binary}\n    port: 8001\n", 4, "targets.a.model",
      ["cannot be read", "too long"]),
+    ("API token from an unset variable",
+     "version: 1\ndaemon:\n  api_token: {{env: SPECFLEET_NOT_SET_TOKEN}}\ntargets:\n  a:\n{t}"
+     "    port: 8001\n", 3, "daemon.api_token.env",
+     ["SPECFLEET_NOT_SET_TOKEN is not set", "`specfleet run` refuses"]),
+    ("API token file that does not exist",
+     "version: 1\ndaemon:\n  api_token:\n    file: /nowhere/token\ntargets:\n  a:\n{t}"
+     "    port: 8001\n", 4, "daemon.api_token.file",
+     ["cannot read '/nowhere/token'", "No such file", "`specfleet run` refuses"]),
     ("name inside a target", "version: 1\ntargets:\n  a:\n    name: b\n{t}    port: 8001\n", 4,
      "targets.a.name", ["its key"]),
 ]
@@ -220,3 +228,16 @@ def test_a_port_written_as_text_or_from_the_environment_is_a_number(files, tmp_p
                      f"  b:\n{t}    port: ${{PORT}}\n")
     loaded = load_fleet(fleet, environ={"PORT": "8002"})
     assert [t.port for t in loaded.fleet.targets.values()] == [8001, 8002]
+
+
+def test_an_api_token_file_that_exists_is_enough_for_check_since_it_is_read_per_request(
+        files, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    fleet = tmp_path / "fleet.yaml"
+    t = GOOD_TARGET.format(**files)
+    fleet.write_text(f"version: 1\ndaemon:\n  api_token: {{file: {token}}}\n"
+                     f"  state_dir: {tmp_path / 'state'}\ntargets:\n  a:\n{t}    port: 8001\n")
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr

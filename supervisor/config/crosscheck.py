@@ -1,4 +1,5 @@
-"""Checks that span fields or targets; pure functions of a validated Fleet."""
+"""Checks that span fields or targets; pure functions of a validated Fleet, except
+check_api_token, which looks at this host (run with the backend checks)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from supervisor.config.schema import (
     Target,
 )
 from supervisor.config.yamlsource import Problem
+from supervisor.errors import SpecfleetError
 
 _WILDCARDS = {"0.0.0.0", "::", "", "*"}
 
@@ -108,6 +110,30 @@ def check_ports(fleet: Fleet) -> list[Problem]:
                 f"{fleet.daemon.proxy.listen})"))
         seen.append((target.host, target.port, name))
     return problems
+
+
+def check_api_token(fleet: Fleet) -> list[Problem]:
+    """`specfleet run` refuses a daemon.api_token it cannot read, or an empty one
+    (daemon/lifecycle.py), so `check` reports it too. Only that it can be read now: the
+    daemon reads the token again on every request, so a rotated key file needs no restart."""
+    source = fleet.daemon.api_token
+    if source is None:
+        return []
+    path = ("daemon", "api_token", "env" if source.env is not None else "file")
+    refused = "; `specfleet run` refuses to start without it (the API and the proxy would " \
+              "refuse every request)"
+    try:
+        token = source.read("daemon.api_token")
+    except SpecfleetError as exc:
+        cause = exc.__cause__
+        why = (f"environment variable {source.env} is not set" if source.env is not None else
+               f"cannot read {source.file!r}: "
+               f"{getattr(cause, 'strerror', None) or cause or exc}")
+        return [Problem(path, why + refused)]
+    if not token:
+        return [Problem(path, ("the token is empty" if source.env is None else
+                               f"environment variable {source.env} is empty") + refused)]
+    return []
 
 
 def cross_check(fleet: Fleet) -> list[Problem]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from supervisor.config.crosscheck import cross_check
+from supervisor.config.crosscheck import check_api_token, cross_check
 from supervisor.config.schema import Fleet
 from supervisor.config.yamlsource import (
     Path_,
@@ -211,9 +211,18 @@ def _read_yaml(path: Path, environ: dict[str, str] | None) -> tuple[Any, SourceM
 
 
 def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
-               environ: dict[str, str] | None = None) -> LoadedFleet:
-    """Parse and validate a fleet file, or raise FleetFileError listing every problem."""
+               environ: dict[str, str] | None = None, *,
+               check_host: bool | None = None) -> LoadedFleet:
+    """Parse and validate a fleet file, or raise FleetFileError listing every problem.
+
+    `check_target` adds each target's backend checks. `check_host` adds what only the host
+    that runs the daemon has: that daemon.api_token can be read, as `run` requires. By
+    default it goes with a backend registry's own check (a bound method: `check`, `run`, a
+    reload), not with a wrapper that turns backend problems into warnings (`export`, which
+    describes the fleet to a router on another host)."""
     path = Path(path)
+    if check_host is None:
+        check_host = getattr(check_target, "__self__", None) is not None
     data, source, problems = _read_yaml(path, environ)
     if data is None:
         raise FleetFileError([f"{path}:1:1: the file is empty; {TOP_LEVEL_HINT}"])
@@ -227,6 +236,8 @@ def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
         fleet = None
     if fleet is not None:
         problems += cross_check(fleet)
+        if check_host:
+            problems += check_api_token(fleet)
         if check_target is not None:
             for name, target in fleet.targets.items():
                 problems += [Problem(("targets", name, *p.path), p.message, p.severity)
