@@ -18,9 +18,10 @@ def load(path: str, registry: BackendRegistry, runtime_files: bool = True) -> Lo
     `runtime_files=False` is for commands that only describe the fleet to something else
     (`export`): what the backends check (model and draft files, the runtime binary, the
     pairing of model and draft, even whether the backend is installed) needs the host that
-    runs the models, not a router's host, so those problems become warnings."""
+    runs the models, not a router's host, so those problems become warnings; nor are the
+    host's own checks made (a token file that only the daemon's host has)."""
     check = registry.check_target if runtime_files else _as_warnings(registry)
-    loaded = load_fleet(path, check)
+    loaded = load_fleet(path, check, check_host=runtime_files)
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
     return loaded
