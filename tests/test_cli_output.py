@@ -221,3 +221,17 @@ def test_a_key_file_becomes_a_reference_with_nothing_but_the_variable_name(tmp_p
     key = litellm.config(fleet)["model_list"][0]["litellm_params"]["api_key"]
     assert re.fullmatch(r"os\.environ/[A-Z_][A-Z0-9_]*", key), key
     assert litellm.notes(fleet) and str(tmp_path / "token") in litellm.notes(fleet)[0]
+
+
+def test_a_rejected_reload_is_shown_above_the_table_until_a_reload_succeeds():
+    status = fleet_status(target("a", "ready", 123))
+    status["daemon"]["rejected_reload"] = {
+        "time": 1000.0, "file": "/etc/specfleet/fleet.yaml",
+        "problems": [f"/etc/specfleet/fleet.yaml:{n}:3: targets.a.prot: unknown key"
+                     for n in range(7)]}
+    text = statusview.render(status, alive=True, now=1090.0, width=200)
+    assert "reload rejected 1m30s ago: 7 problem(s) in /etc/specfleet/fleet.yaml" in text
+    assert "fleet.yaml:0:3: targets.a.prot: unknown key" in text
+    assert "... and 2 more" in text
+    status["daemon"]["rejected_reload"] = None
+    assert "reload rejected" not in statusview.render(status, alive=True, now=1090.0)

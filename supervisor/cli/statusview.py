@@ -140,6 +140,21 @@ def _heading(daemon: dict[str, Any], alive: bool, now: float) -> str:
             f"{daemon.get('pid')}); states below are as it left them")
 
 
+def _rejected_reload(daemon: dict[str, Any], now: float) -> list[str]:
+    """The last rejected reload, until a reload succeeds (the fleet runs as before)."""
+    rejected = daemon.get("rejected_reload")
+    if not isinstance(rejected, dict) or not rejected.get("problems"):
+        return []
+    problems = [str(p) for p in rejected["problems"]]
+    when = format_duration(now - float(rejected.get("time") or now))
+    lines = [f"reload rejected {when} ago: {len(problems)} problem(s) in "
+             f"{rejected.get('file')}; the fleet runs as before the reload:"]
+    lines += ["    " + p for p in problems[:5]]
+    if len(problems) > 5:
+        lines.append(f"    ... and {len(problems) - 5} more (specfleet check FILE lists them)")
+    return lines
+
+
 def _notes(targets: list[dict[str, Any]]) -> list[str]:
     lines = []
     for t in targets:
@@ -169,6 +184,8 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None,
     lines = _wrap(_heading(daemon, alive, now), width)
     for gpu in _gpus(daemon) if alive else []:
         lines += _wrap(gpu, width)
+    for line in _rejected_reload(daemon, now):
+        lines += _wrap(line, width)
     lines += ["", *_table(rows, width)]
     for t in targets:
         if t["state"] in ("failed", "backoff") and t.get("failure_output"):
