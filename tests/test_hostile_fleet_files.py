@@ -4,12 +4,18 @@ space limit and a 20 s timeout), and FleetFileError from load_fleet, never a tra
 
 from __future__ import annotations
 
+import json
 import resource
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
+import yaml
 
 from supervisor.config import loader
 from supervisor.config.loader import load_fleet
@@ -22,7 +28,7 @@ from supervisor.config.yamlsource import (
     MAX_VALUES,
 )
 from supervisor.errors import FleetFileError
-from tests.conftest import REPO
+from tests.conftest import REPO, llama_target, write_fleet
 
 MEMORY_LIMIT = 1 << 30
 TIME_LIMIT = 20
@@ -132,3 +138,26 @@ def test_an_ordinary_anchor_and_merge_key_still_load(tmp_path):
     assert fleet_.targets["b"].health.failures == 4
     assert fleet_.targets["b"].restart.max_crashes == 3
     assert fleet_.targets["b"].model == "/m.gguf"
+
+
+@pytest.mark.live
+def test_a_billion_laughs_reload_is_rejected_quickly_and_the_running_fleet_is_untouched(
+        tmp_path, model, llama_server_bin, start_daemon):
+    fleet = write_fleet(tmp_path, {"a": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    pid = daemon.wait_state("a", "ready")["pid"]
+    api = "http://" + yaml.safe_load(fleet.read_text())["daemon"]["api"]
+    rss_before = psutil.Process(daemon.proc.pid).memory_info().rss
+    bomb = _billion_laughs().replace("version: 1\n", "").replace("targets: {}\n", "")
+    fleet.write_text(fleet.read_text().split("targets:")[0] + bomb + "targets:\n  a: *l9\n")
+    started = time.monotonic()
+    request = urllib.request.Request(f"{api}/v1/reload", method="POST", data=b"")
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=30)
+    assert time.monotonic() - started < 10
+    assert answer.value.code == 422
+    problems = json.loads(answer.value.read())["problems"]
+    assert any(f"more than {MAX_ALIAS_VALUES} values" in p for p in problems), problems
+    assert psutil.Process(daemon.proc.pid).memory_info().rss < rss_before + (200 << 20)
+    assert daemon.proc.poll() is None
+    assert daemon.target("a")["pid"] == pid and daemon.target("a")["state"] == "ready"
