@@ -255,8 +255,8 @@ def test_a_configured_token_that_cannot_be_read_stops_the_start_instead_of_openi
                         api_token={"env": "SF_MISSING_TOKEN"})
     done = subprocess.run([sys.executable, "-m", "supervisor", "run", str(fleet)],
                           capture_output=True, text=True, cwd=REPO, check=False, timeout=60)
-    assert done.returncode == 1
-    assert "daemon.api_token.env names SF_MISSING_TOKEN, which is not set" in done.stderr
+    assert done.returncode == 2  # a fleet-file error, as `check` reports it
+    assert "daemon.api_token.env: environment variable SF_MISSING_TOKEN is not set" in done.stderr
     assert "Traceback" not in done.stderr
 
 

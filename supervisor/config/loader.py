@@ -212,17 +212,14 @@ def _read_yaml(path: Path, environ: dict[str, str] | None) -> tuple[Any, SourceM
 
 def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
                environ: dict[str, str] | None = None, *,
-               check_host: bool | None = None) -> LoadedFleet:
+               check_host: bool = False) -> LoadedFleet:
     """Parse and validate a fleet file, or raise FleetFileError listing every problem.
 
     `check_target` adds each target's backend checks. `check_host` adds what only the host
-    that runs the daemon has: that daemon.api_token can be read, as `run` requires. By
-    default it goes with a backend registry's own check (a bound method: `check`, `run`, a
-    reload), not with a wrapper that turns backend problems into warnings (`export`, which
-    describes the fleet to a router on another host)."""
+    that runs the daemon has: that daemon.api_token can be read, as `run` requires (`check`,
+    `run` and a reload ask for it; `export`, which describes the fleet to a router on
+    another host, and `status`, which only needs the state dir, do not)."""
     path = Path(path)
-    if check_host is None:
-        check_host = getattr(check_target, "__self__", None) is not None
     data, source, problems = _read_yaml(path, environ)
     if data is None:
         raise FleetFileError([f"{path}:1:1: the file is empty; {TOP_LEVEL_HINT}"])

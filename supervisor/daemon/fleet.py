@@ -104,7 +104,7 @@ class FleetSupervisors:
         async with self._reload_lock:  # SIGHUP and the API may ask at the same time
             try:
                 loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
-                                                 self.registry.check_target)
+                                                 self.registry.check_target, check_host=True)
             except FleetFileError as exc:
                 return self._rejected(list(exc.problems))
             except Exception as exc:  # whatever the file does to the loader, the fleet stays
