@@ -91,19 +91,30 @@ class EventLog:
         self.report.attempt(self.path.name, write)
 
     def _set_aside_if_corrupt(self) -> None:
+        """Binary garbage sets the whole file aside. Bad lines in a text file (a line torn
+        by a crash or a full disk) do not cost the history: the original is kept aside and
+        the file keeps its good lines."""
         try:
-            lines = self.path.read_bytes().decode().splitlines()
+            text = self.path.read_bytes().decode()
         except FileNotFoundError:
             return
         except (OSError, UnicodeDecodeError) as exc:
             error = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
-        else:
-            bad = next((n for n, line in enumerate(lines, 1) if line and not _json_object(line)),
-                       None)
-            if bad is None:
-                return
-            error = f"line {bad} is not a JSON object"
-        self.report.corrupt(self.path, set_aside(self.path), error)
+            self.report.corrupt(self.path, set_aside(self.path), error)
+            return
+        lines = text.splitlines()
+        bad = next((n for n, line in enumerate(lines, 1) if line and not _json_object(line)),
+                   None)
+        if bad is None:
+            if text and not text.endswith("\n"):  # a last line whole but unterminated
+                self.report.attempt(self.path.name, lambda: _append(self.path, "\n"))
+            return
+        good = [line for line in lines if line and _json_object(line)]
+        kept = set_aside(self.path)
+        self.report.attempt(self.path.name,
+                            lambda: _append(self.path, "".join(f"{ln}\n" for ln in good)))
+        self.report.corrupt(self.path, kept, f"line {bad} is not a JSON object; its "
+                            f"{len(good)} good lines stay in {self.path.name}")
 
     def close(self) -> None:
         self._handler.close()
@@ -113,6 +124,11 @@ class EventLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _append(path: Path, text: str) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _json_object(line: str) -> bool:

@@ -235,3 +235,10 @@ def test_a_rejected_reload_is_shown_above_the_table_until_a_reload_succeeds():
     assert "... and 2 more" in text
     status["daemon"]["rejected_reload"] = None
     assert "reload rejected" not in statusview.render(status, alive=True, now=1090.0)
+
+
+def test_with_the_daemon_gone_states_are_shown_as_what_they_were():
+    status = fleet_status(target("a", "ready", 123))
+    gone = statusview.render(status, alive=False, now=NOW, width=200)
+    assert "was ready" in gone and "daemon is not running" in gone
+    assert "was ready" not in statusview.render(status, alive=True, now=NOW, width=200)

@@ -336,3 +336,19 @@ def test_a_runtime_log_on_a_full_disk_drops_lines_from_the_file_not_the_target(
     uncreatable.write("still kept")
     uncreatable.close()
     assert list(uncreatable.tail) == ["still kept"]
+
+
+def test_a_torn_last_event_line_costs_that_line_not_the_history(tmp_path):
+    from supervisor.daemon.statedir import StateDirHealth
+
+    good = [json.dumps({"target": "chat", "kind": "state", "reason": f"r{n}"}) for n in range(42)]
+    torn = '{"target": "chat", "kind": "sta'
+    (tmp_path / "events.jsonl").write_text("\n".join(good) + "\n" + torn)
+    emit = Recorded()
+    log = EventLog(tmp_path / "events.jsonl", StateDirHealth(tmp_path, emit))
+    log.append(Event("chat", "state", "after"))
+    log.close()
+    lines = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["reason"] for e in lines] == [f"r{n}" for n in range(42)] + ["after"]
+    assert kept_copies(tmp_path, "events.jsonl")[0].endswith(torn.encode())
+    assert len(emit.reasons) == 1 and "line 43 is not a JSON object" in emit.reasons[0]

@@ -178,7 +178,10 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None,
     targets = status.get("targets", [])
     rows = [COLUMNS]
     for t in targets:
-        rows.append((t["name"], t["state"], str(t.get("pid") or "-"), _uptime(t, now),
+        # With the daemon gone nobody watches the targets: their last known state, marked
+        # as such (systemd units may still run; a process launcher's children are gone).
+        state = t["state"] if alive else f"was {t['state']}"
+        rows.append((t["name"], state, str(t.get("pid") or "-"), _uptime(t, now),
                      str(t.get("restarts", 0)), _speculation(t), _acceptance(t),
                      _tokens_per_second(t), _memory(t), _last_event(t, now)))
     lines = _wrap(_heading(daemon, alive, now), width)

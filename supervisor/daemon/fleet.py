@@ -126,9 +126,14 @@ class FleetSupervisors:
         removed = [n for n in old_targets if n not in new_targets]
         added = [n for n in new_targets if n not in old_targets]
         changed = [n for n in new_targets if n in old_targets and new_targets[n] != old_targets[n]]
+        # A failed target's message says "fix it, then reload": a reload retries it, whatever
+        # was fixed (the model file, the binary, something outside specfleet).
+        retried = [n for n, sup in self.supervisors.items()
+                   if n in new_targets and n not in changed and sup.state == State.FAILED]
         self.emit("reload", f"reloaded {self.fleet_path}: {len(added)} added, {len(removed)} "
-                  f"removed, {len(changed)} changed",
-                  data={"added": added, "removed": removed, "changed": changed})
+                  f"removed, {len(changed)} changed, {len(retried)} failed retried",
+                  data={"added": added, "removed": removed, "changed": changed,
+                        "retried": retried})
         if self.before_apply is not None:
             await self.before_apply(old, new)
         self.fleet = new
@@ -141,11 +146,9 @@ class FleetSupervisors:
             self.add(new_targets[name], f"changed in {self.fleet_path} (reload)")
         for name in added:
             self.add(new_targets[name], f"added to {self.fleet_path} (reload)")
-        # A failed target's message says "fix it, then reload": a reload retries it, whatever
-        # was fixed (the model file, the binary, something outside specfleet).
-        for name, sup in self.supervisors.items():
-            if name not in changed and name not in added and sup.state == State.FAILED:
-                sup.send(Command.RESTART, f"retrying after a reload of {self.fleet_path}")
+        for name in retried:
+            self.supervisors[name].send(Command.RESTART,
+                                        f"retrying after a reload of {self.fleet_path}")
         if self.after_apply is not None:
             await self.after_apply(new)
         # Keep file order for status and for the stop order.
