@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from supervisor.api.fleetview import FleetView, ServedTarget
-from supervisor.api.server import auth_middleware, errors_as_json, json_error, serve
+from supervisor.api.server import auth_middleware, errors_as_json, json_error, named_target, serve
 
 # Hop-by-hop and length headers are the proxy's own business, not passed through.
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
@@ -72,10 +72,7 @@ class Proxy:
             return json_error(400, "the request body is not JSON")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return json_error(400, "the request needs a \"model\" (a target name)")
-        target = self.fleet.served_target(body["model"])
-        if target is None:
-            return json_error(404, f"no target {body['model']!r}; targets: "
-                              f"{', '.join(self.fleet.target_names()) or '(none)'}")
+        target = named_target(self.fleet, body["model"])
         upstream_model = target.upstream_model()
         if upstream_model is not None and upstream_model != body["model"]:
             body["model"] = upstream_model

@@ -19,6 +19,7 @@ import aiohttp
 
 from supervisor.api import litellm
 from supervisor.api.server import read_api_token
+from supervisor.atomicfile import LOG_ONLY, StateReport
 from supervisor.config.loader import load_fleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.errors import FleetFileError
@@ -38,7 +39,8 @@ Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon e
 class FleetSupervisors:
     def __init__(self, fleet_path: Path, fleet: Fleet, registry: BackendRegistry,
                  events: EventBus, launcher_for: Callable[[Target], Launcher], placer: Placer,
-                 state_dir: Path, emit: Emit, daemon_info: Callable[[], dict[str, Any]]) -> None:
+                 state_dir: Path, emit: Emit, daemon_info: Callable[[], dict[str, Any]],
+                 report: StateReport = LOG_ONLY) -> None:
         self.fleet_path = fleet_path
         self.fleet = fleet
         self.registry = registry
@@ -47,8 +49,8 @@ class FleetSupervisors:
         self.placer = placer
         self.emit = emit
         self._daemon_info = daemon_info
-        self.tuning_store = TuningStore(state_dir / "tuning.json")
-        self.records = RunRecorder(state_dir)
+        self.tuning_store = TuningStore(state_dir / "tuning.json", report)
+        self.records = RunRecorder(state_dir, report)
         self.supervisors: dict[str, TargetSupervisor] = {}
         self.http: aiohttp.ClientSession | None = None
         self._reload_lock = asyncio.Lock()
@@ -95,7 +97,7 @@ class FleetSupervisors:
                       f"{len(fp.plan.refused)} refused", data={"placed": placed,
                                                                 "refused": fp.plan.refused})
         if fp.host_warning:
-            self.emit("gpu", fp.host_warning)
+            self.emit("gpu", fp.host_warning, data={"level": "warning"})
 
     # --- reload ---
 

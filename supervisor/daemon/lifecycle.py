@@ -64,9 +64,8 @@ class Daemon:
         self._ready_sent = False
         self.targets = FleetSupervisors(fleet_path, loaded.fleet, registry, self.events,
                                         self._launcher_for, Placer(settings.gpu),
-                                        self.state_dir, self.emit, self.daemon_info)
-        self.targets.tuning_store.report = self.state_health
-        self.targets.records.report = self.state_health
+                                        self.state_dir, self.emit, self.daemon_info,
+                                        self.state_health)
         self.targets.before_apply = self._before_reload
         self.targets.after_apply = self._after_reload
         self.targets.on_owner_error = self._owner_ended

@@ -1,4 +1,5 @@
-"""What the proxy and the API use of a target (api/fleetview.py's ServedTarget).
+"""What the proxy and the API use of a target: api/fleetview.py's ServedTarget protocol,
+implemented for TargetSupervisor.
 
 A mixin of TargetSupervisor, kept apart so that the owner loop reads on its own: it only
 reads the owner's state, and acts through the owner's command queue.
@@ -15,12 +16,10 @@ from supervisor.events import Event
 from supervisor.plugin.backend import Backend
 from supervisor.target.commands import Command
 from supervisor.target.requests import ProxyRequests
-from supervisor.target.states import State
-
-SERVING = (State.READY, State.DEGRADED)
+from supervisor.target.states import SERVING, State
 
 
-class ServedTarget:
+class ServedTargetMixin:
     target: Target
     backend: Backend
     requests: ProxyRequests

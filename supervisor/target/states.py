@@ -17,6 +17,9 @@ class State(enum.StrEnum):
     DETACHED = "detached"  # left running when the daemon exited (systemd units); adopted later
 
 
+# States in which the runtime takes requests (degraded: its probes fail, it still answers).
+SERVING = frozenset({State.READY, State.DEGRADED})
+
 ALLOWED: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset({State.STARTING}),
     State.STARTING: frozenset({State.LOADING, State.FAILED}),  # start-up failures are final

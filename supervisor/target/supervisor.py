@@ -28,7 +28,7 @@ from supervisor.target.commands import Command, Next, Phase, Request, is_planned
 from supervisor.target.probes import HealthWatch, poll_metrics, tree_cpu_seconds
 from supervisor.target.requests import ProxyRequests
 from supervisor.target.runrecord import RunRecorder
-from supervisor.target.served import ServedTarget
+from supervisor.target.served import ServedTargetMixin
 from supervisor.target.states import ALLOWED, State
 from supervisor.target.status import TargetStatus, counters_view, exit_description
 from supervisor.tuning.autotuner import AutoTuner
@@ -36,7 +36,7 @@ from supervisor.tuning.quantities import shown
 from supervisor.tuning.store import TuningStore
 
 
-class TargetSupervisor(ServedTarget):
+class TargetSupervisor(ServedTargetMixin):
     def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
@@ -118,6 +118,7 @@ class TargetSupervisor(ServedTarget):
         tunable = self.backend.tunable_length() or (
             "nothing to tune for this method" if spec.method != "none" else None)
         alive = self.process is not None and self.process.returncode is None
+        window = self.tuner.window.stats()  # once: both views below read it
         return TargetStatus(
             name=self.name, backend=self.target.backend, endpoint=self.target.base_url,
             model=self.target.model, state=self.state.value, since=self.since,
@@ -128,9 +129,9 @@ class TargetSupervisor(ServedTarget):
             failure_output=self.failure_output, runtime=dict(self.runtime),
             speculation={"method": spec.method, "variant": spec.variant, "enabled": speculating,
                          "draft_length": length, "tunable": tunable},
-            shown=shown(self.tuner.window.stats(), self.metrics, method=spec.method,
+            shown=shown(window, self.metrics, method=spec.method,
                         speculating=speculating, draft_length=effective, serving=self.serving),
-            metrics=counters_view(self.metrics), tuning=self.tuner.view(),
+            metrics=counters_view(self.metrics), tuning=self.tuner.view(window),
             retunes=self.tuner.retunes, log_file=self.log_file, placement=dict(self.placement),
             resources=dict(self.resources) if alive else {}, warnings=list(self.warnings),
             requests=self.requests.view())
@@ -163,10 +164,13 @@ class TargetSupervisor(ServedTarget):
                 except Exception as exc:  # a bug, or a runtime error nobody foresaw
                     step = await self._internal_error(exc)
         finally:
-            if self.process is not None and self.process.returncode is None \
-                    and not self._detached:
-                self.process.kill()
-                await self.process.wait()
+            if not self._detached:
+                await self._kill_process()
+
+    async def _kill_process(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
 
     async def _step(self, step: Next) -> Next:
         if step is Next.IDLE:
@@ -178,9 +182,7 @@ class TargetSupervisor(ServedTarget):
         """The last line of defence: this target (only) ends `failed` with the exception's
         text, its process killed; a restart command tries again."""
         self._wanted = False
-        if self.process is not None and self.process.returncode is None:
-            self.process.kill()
-            await self.process.wait()
+        await self._kill_process()
         self._event("error", f"internal error in target {self.name!r}: {exc!r}")
         if State.FAILED not in ALLOWED[self.state]:  # stopped or failed already: not transient
             return Next.IDLE

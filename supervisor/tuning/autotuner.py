@@ -21,7 +21,7 @@ from supervisor.plugin.backend import Backend, MetricsSample, RuntimeInfo
 from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
-from supervisor.tuning.window import AcceptanceWindow
+from supervisor.tuning.window import AcceptanceWindow, WindowStats
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
 
@@ -130,13 +130,15 @@ class AutoTuner:
         self.drift.reset()
         self._drifted, self._pending, self._pending_sent = False, None, False
 
-    def view(self) -> dict[str, Any]:
+    def view(self, stats: WindowStats | None = None) -> dict[str, Any]:
+        """The tuner's state for status and the API; `stats`: the window's, if the caller
+        has computed them already."""
         if not self.active:
             return {"enabled": False}
         m = self.memory
         return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
                 "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
-                "window": self.window.stats().to_dict(),
+                "window": (stats or self.window.stats()).to_dict(),
                 "pending": self._pending.reason if self._pending else None,
                 "last_decision": m.last_decision}
 
