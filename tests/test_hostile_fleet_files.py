@@ -8,7 +8,6 @@ import json
 import resource
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -150,11 +149,11 @@ def test_a_billion_laughs_reload_is_rejected_quickly_and_the_running_fleet_is_un
     rss_before = psutil.Process(daemon.proc.pid).memory_info().rss
     bomb = _billion_laughs().replace("version: 1\n", "").replace("targets: {}\n", "")
     fleet.write_text(fleet.read_text().split("targets:")[0] + bomb + "targets:\n  a: *l9\n")
-    started = time.monotonic()
     request = urllib.request.Request(f"{api}/v1/reload", method="POST", data=b"")
+    # "Quickly" is the request's timeout, a hang guard: a reload still parsing after 10 s
+    # raises TimeoutError, not the HTTPError expected here.
     with pytest.raises(urllib.error.HTTPError) as answer:
-        urllib.request.urlopen(request, timeout=30)
-    assert time.monotonic() - started < 10
+        urllib.request.urlopen(request, timeout=10)
     assert answer.value.code == 422
     problems = json.loads(answer.value.read())["problems"]
     assert any(f"more than {MAX_ALIAS_VALUES} values" in p for p in problems), problems

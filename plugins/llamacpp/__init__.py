@@ -1,17 +1,10 @@
 """llama.cpp `llama-server` backend: the backend class, and the build of llama-server that
 `specfleet setup` provisions (the embedded default runtime)."""
 
-from plugins.llamacpp.backend import (
-    LlamaCppBackend,
-    check_help_text,
-    context_settings,
-    method_args,
-    parse_metrics,
-)
+from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.plugin import hookimpl
 
-__all__ = ["LlamaCppBackend", "check_help_text", "context_settings", "method_args",
-           "parse_metrics", "register_backends"]
+__all__ = ["LlamaCppBackend", "register_backends"]
 
 
 @hookimpl

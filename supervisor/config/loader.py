@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from supervisor.config.crosscheck import check_api_token, cross_check
+from supervisor.config.scalars import unwrap_annotation
 from supervisor.config.schema import Fleet
 from supervisor.config.yamlsource import (
     Path_,
@@ -52,16 +52,6 @@ def _show(value: Any) -> str:
         return "true" if value else "false"  # as YAML writes it
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def unwrap_annotation(annotation: Any) -> list[Any]:
-    """The concrete types inside Optional/Union/Annotated (NoneType included)."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return unwrap_annotation(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in unwrap_annotation(arg)]
-    return [annotation]
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:

@@ -19,7 +19,7 @@ import annotated_types
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
-from supervisor.config.loader import unwrap_annotation
+from supervisor.config.scalars import unwrap_annotation
 from supervisor.config.schema import Fleet
 from supervisor.config.units import parse_duration, parse_fraction, parse_size
 from supervisor.config.yamlsource import (

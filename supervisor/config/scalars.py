@@ -18,10 +18,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 
-def _kinds(annotation: Any) -> list[Any]:
-    """The concrete types inside Optional and unions."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in _kinds(arg)]
+def unwrap_annotation(annotation: Any) -> list[Any]:
+    """The concrete types inside Optional/Union/Annotated (NoneType included)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return unwrap_annotation(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in unwrap_annotation(arg)]
     return [annotation]
 
 
@@ -43,7 +46,7 @@ def strict_scalar(value: Any, field: FieldInfo) -> Any:
     Fields with a validator of their own (durations, sizes, fractions, gpus) are left to it."""
     if any(isinstance(m, BeforeValidator) for m in field.metadata):
         return value
-    kinds = _kinds(field.annotation)
+    kinds = unwrap_annotation(field.annotation)
     if Any in kinds:
         return value
     if bool in kinds:

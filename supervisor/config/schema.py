@@ -167,8 +167,8 @@ class Health(_Strict):
         "Time between two probes (0.5 s while the model loads); must be above 0."))
     timeout: Seconds = Field(default=5.0, gt=0, description="A probe slower than this counts as failed.")
     failures: int = Field(default=3, ge=1, le=100, description=(
-        "Failed probes in a row, while the process is alive, after which it is declared hung, "
-        "killed and restarted."))
+        "Failed probes in a row, while the process is alive and uses no CPU, after which it is "
+        "declared hung, killed and restarted; a busy server whose CPU time advances is not."))
     start_timeout: Seconds = Field(default=600.0, description=(
         "A server still loading after this long has failed to start."))
     metrics_interval: Seconds = Field(default=15.0, description=(

@@ -190,7 +190,6 @@ class _Builder:
 
     def _check_tag(self, node: yaml.Node, path: Path_) -> None:
         if node.tag not in _STANDARD_TAGS:
-            self.source.marks.setdefault(path, _mark(node))
             self.problems.append(Problem(path, (
                 f"unsupported YAML tag {_show_tag(node.tag)}: a fleet file takes only plain "
                 "values (and the standard tags !!str, !!int, !!float, !!bool, !!null, !!map, "
@@ -279,7 +278,6 @@ class _Builder:
             key = str(key).lower() if isinstance(key, bool) else str(key)
         if "\0" in key:
             key = key.replace("\0", "\\0")  # shown escaped; the problem makes it an error
-            self.source.marks.setdefault((*path, key), _mark(key_node))
             self.problems.append(Problem((*path, key), "this key " + _NUL))
         self._check_tag(key_node, (*path, key))
         return key
@@ -297,12 +295,11 @@ class _Builder:
             key = self._key(key_node, path)
             if key is None:
                 continue
+            self.source.marks[(*path, key)] = _mark(key_node)  # the key's problems point here
             if key in out:
-                self.source.marks[(*path, key)] = _mark(key_node)
                 self.problems.append(Problem(
                     (*path, key), f"duplicate key '{key}' (an earlier one is overridden)"))
                 continue
-            self.source.marks[(*path, key)] = _mark(key_node)
             out[key] = self.build(value_node, (*path, key))
         return out
 
