@@ -11,6 +11,7 @@ it), so a restart costs nothing and a file replaced in place is read again.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -109,36 +110,20 @@ def _read_gguf_cached(path: str, identity: FileIdentity) -> ModelFacts:  # ident
     return _facts_from_gguf(path, meta, tensors)
 
 
-@dataclass
-class _Totals:
-    parameters: int = 0
-    weight_bytes: int = 0
-    block_parameters: int = 0  # 2-D tensors of the transformer blocks
-    block_bytes: int = 0
-    nextn_tensors: bool = False
-
-    @property
-    def block_bits_per_weight(self) -> float | None:
-        return round(8 * self.block_bytes / self.block_parameters, 2) if self.block_parameters else None
-
-
-def _gguf_totals(path: str, tensors: list[Tensor]) -> _Totals:
-    totals = _Totals()
+def _gguf_weights(path: str, tensors: list[Tensor]) -> hf.Weights:
+    params = nbytes_total = block_params = block_bytes = 0
     for name, shape, ttype in tensors:
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         try:
             nbytes = tensor_bytes(shape, ttype)
         except (ValueError, KeyError) as exc:
             raise SpecfleetError(f"{path}: tensor {name} has an unknown type {ttype}") from exc
-        totals.parameters += n
-        totals.weight_bytes += nbytes
-        if name.startswith("blk.") and len(shape) >= 2:
-            totals.block_parameters += n
-            totals.block_bytes += nbytes
-        totals.nextn_tensors |= ".nextn." in name
-    return totals
+        params += n
+        nbytes_total += nbytes
+        if name.startswith("blk.") and len(shape) >= 2:  # 2-D tensors of the transformer blocks
+            block_params += n
+            block_bytes += nbytes
+    return hf.Weights(params, nbytes_total, block_params, block_bytes)
 
 
 def _gguf_tokenizer(meta: dict[str, Any]) -> Tokenizer | None:
@@ -182,7 +167,7 @@ def _facts_from_gguf(path: str, meta: dict[str, Any], tensors: list[Tensor]) -> 
         value = meta.get(f"{arch}.{name}")
         return value[0] if isinstance(value, list) and value and name != "target_layers" else value
 
-    totals = _gguf_totals(path, tensors)
+    weights = _gguf_weights(path, tensors)
     tokenizer = _gguf_tokenizer(meta)
     block_count = _int(key("block_count"))
     head_count = _int(key("attention.head_count"))
@@ -190,8 +175,8 @@ def _facts_from_gguf(path: str, meta: dict[str, Any], tensors: list[Tensor]) -> 
     head_dim = embedding // head_count if embedding and head_count else None
     window = _int(key("attention.sliding_window"))
     return ModelFacts(
-        path=path, format="gguf", architecture=arch, parameters=totals.parameters,
-        weight_bytes=totals.weight_bytes, block_bits_per_weight=totals.block_bits_per_weight,
+        path=path, format="gguf", architecture=arch, parameters=weights.parameters,
+        weight_bytes=weights.bytes, block_bits_per_weight=weights.block_bits_per_weight,
         file_type=_file_type_name(meta.get("general.file_type")), embedding_length=embedding,
         block_count=block_count, head_count=head_count,
         head_count_kv=_int(key("attention.head_count_kv")) or head_count,
@@ -202,7 +187,8 @@ def _facts_from_gguf(path: str, meta: dict[str, Any], tensors: list[Tensor]) -> 
         sliding_window=window, swa_layers=_gguf_swa_layers(meta, arch, window, block_count),
         n_vocab=tokenizer.n_tokens if tokenizer else _int(key("vocab_size")),
         tokenizer=tokenizer,
-        nextn_layers=_int(key("nextn_predict_layers")) or (1 if totals.nextn_tensors else 0),
+        nextn_layers=_int(key("nextn_predict_layers")) or (
+            1 if any(".nextn." in name for name, _, _ in tensors) else 0),
         target_hidden_size=_int(key("target_hidden_size")),
         target_layers=tuple(int(x) for x in (key("target_layers") or [])))
 
@@ -230,16 +216,14 @@ def _read_hf_cached(path: str, identity: FileIdentity) -> ModelFacts:  # identit
         raise SpecfleetError(f"{p} has no config.json: not a Hugging Face model directory")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     weights = hf.weights(p)
-    totals = _Totals(weights.parameters, weights.bytes, weights.block_parameters,
-                     weights.block_bytes)
     heads = text.get("num_attention_heads")
     hidden = text.get("hidden_size")
     head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
     tokenizer = _hf_tokenizer(p)
     arch = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     return ModelFacts(
-        path=path, format="hf", architecture=str(arch), parameters=totals.parameters,
-        weight_bytes=totals.weight_bytes, block_bits_per_weight=totals.block_bits_per_weight,
+        path=path, format="hf", architecture=str(arch), parameters=weights.parameters,
+        weight_bytes=weights.bytes, block_bits_per_weight=weights.block_bits_per_weight,
         file_type=str(text.get("torch_dtype") or config.get("torch_dtype") or "") or None,
         embedding_length=hidden, block_count=text.get("num_hidden_layers"), head_count=heads,
         head_count_kv=text.get("num_key_value_heads") or heads, key_length=head_dim,

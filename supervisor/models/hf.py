@@ -17,12 +17,17 @@ from supervisor.errors import SpecfleetError
 
 @dataclass(frozen=True)
 class Weights:
-    """Totals over the tensors of every safetensors shard of a directory."""
+    """Totals over the tensors of a model: every safetensors shard of a directory here, the
+    tensor infos of a GGUF in `supervisor.models.facts`."""
 
     parameters: int = 0
     bytes: int = 0
-    block_parameters: int = 0  # 2-D tensors of the transformer layers
+    block_parameters: int = 0  # 2-D tensors of the transformer layers (blocks)
     block_bytes: int = 0
+
+    @property
+    def block_bits_per_weight(self) -> float | None:
+        return round(8 * self.block_bytes / self.block_parameters, 2) if self.block_parameters else None
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
