@@ -102,18 +102,18 @@ class EventLog:
             error = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
             self.report.corrupt(self.path, set_aside(self.path), error)
             return
-        lines = text.splitlines()
-        bad = next((n for n, line in enumerate(lines, 1) if line and not _json_object(line)),
-                   None)
-        if bad is None:
+        numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line]
+        bad = {n for n, line in numbered if not _json_object(line)}
+        if not bad:
             if text and not text.endswith("\n"):  # a last line whole but unterminated
                 self.report.attempt(self.path.name, lambda: _append(self.path, "\n"))
             return
-        good = [line for line in lines if line and _json_object(line)]
+        good = [line for n, line in numbered if n not in bad]
         kept = set_aside(self.path)
-        self.report.attempt(self.path.name,
-                            lambda: _append(self.path, "".join(f"{ln}\n" for ln in good)))
-        self.report.corrupt(self.path, kept, f"line {bad} is not a JSON object; its "
+        if kept is not None:  # else the original, good lines and all, is still there
+            self.report.attempt(self.path.name,
+                                lambda: _append(self.path, "".join(f"{ln}\n" for ln in good)))
+        self.report.corrupt(self.path, kept, f"line {min(bad)} is not a JSON object; its "
                             f"{len(good)} good lines stay in {self.path.name}")
 
     def close(self) -> None:

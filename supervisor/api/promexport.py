@@ -20,6 +20,7 @@ from prometheus_client.core import (
 
 from supervisor import __version__
 from supervisor.api.fleetview import FleetView
+from supervisor.target.served import SERVING
 from supervisor.target.states import State
 
 LABELS = ["target", "backend"]
@@ -73,7 +74,7 @@ class FleetCollector:
             labels = [t["name"], t["backend"]]
             for s in State:
                 state.add_metric([*labels, s.value], 1.0 if t["state"] == s.value else 0.0)
-            ready.add_metric(labels, 1.0 if t["state"] in ("ready", "degraded") else 0.0)
+            ready.add_metric(labels, 1.0 if t["state"] in SERVING else 0.0)
             restarts.add_metric(labels, t["restarts"])
             for reason, count in _restarts_by_reason(t).items():
                 by_reason.add_metric([*labels, reason], count)

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         length = target.speculation.length
         lengths = bench_runner.sweep_lengths(length.min, length.max or probe.length_ceiling(),
-                                      length.start)
+                                             length.start)
     chosen = [workloads.BUILT_IN[c] for c in args.classes.split(",")] if args.classes else []
     if args.prompts:
         chosen += workloads.load_user_prompts(Path(args.prompts))
@@ -68,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"benchmarking {target.name}: speculation off and draft lengths "
           f"{', '.join(map(str, lengths))}; workloads {', '.join(w.name for w in chosen)}; "
           f"{args.runs} runs each", file=sys.stderr)
-    runner = bench_runner.BenchRunner(target, backend_cls, chosen, args.runs, args.max_tokens, out_dir,
-                               lambda msg: print(msg, file=sys.stderr, flush=True))
+    runner = bench_runner.BenchRunner(target, backend_cls, chosen, args.runs, args.max_tokens,
+                                      out_dir, lambda msg: print(msg, file=sys.stderr, flush=True))
     results = asyncio.run(runner.run(lengths))
-    table, json_path, png_path = bench_runner.write_report(out_dir, target, results, runner.commands)
+    table, json_path, png_path = bench_runner.write_report(out_dir, target, results,
+                                                           runner.commands)
     print(table)
     print(f"\nwritten: {json_path}, {png_path}")
     return 0

@@ -30,29 +30,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    fleet = load_fleet(args.file).fleet if args.file else None  # its state_dir and API token
     if args.state_dir:
         state_dir = Path(args.state_dir).expanduser()
-    elif args.file:
-        state_dir = Path(load_fleet(args.file).fleet.daemon.state_dir).expanduser()
+    elif fleet is not None:
+        state_dir = Path(fleet.daemon.state_dir).expanduser()
     else:
         state_dir = Path(default_state_dir())
     unreadable: list[str] = []
     status = statusfile.read(state_dir, warn=unreadable.append)
-    token = None
-    if args.file:
-        from supervisor.api.server import read_api_token
-
-        token = read_api_token(load_fleet(args.file).fleet)
-    if status is not None:
-        status["source"] = f"file {state_dir / statusfile.STATUS_FILE}"
-        if statusfile.daemon_alive(status.get("daemon", {})):
-            status = _status_from_api(status, token) or status
     if status is None:
         print(f"specfleet: {unreadable[0]}" if unreadable else
               f"no specfleet daemon has run with state_dir {state_dir} "
               "(give the fleet file or --state-dir)", file=sys.stderr)
         return 1
+    status["source"] = f"file {state_dir / statusfile.STATUS_FILE}"
     alive = statusfile.daemon_alive(status.get("daemon", {}))
+    if alive:
+        token = None
+        if fleet is not None:
+            from supervisor.api.server import read_api_token
+
+            token = read_api_token(fleet)
+        status = _status_from_api(status, token) or status
     if args.target:
         from supervisor.target import runrecord
 
@@ -103,7 +103,6 @@ def terminal_width() -> int | None:
 def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any] | None:
     """The live status from the running daemon's API (fresher than the file, which is
     rewritten every few seconds); None if the API cannot be asked."""
-    import urllib.error
     import urllib.request
 
     api = status.get("daemon", {}).get("api")
