@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from supervisor.config.units import format_duration
+from supervisor.target.states import SERVING
 
 
 def _uptime(target: dict[str, Any], now: float) -> str:
@@ -40,15 +41,12 @@ def _speculation(target: dict[str, Any]) -> str:
     return f"{name} n={length if length is not None else 'default'}" + (" (tuned)" if tuned else "")
 
 
-# States in which the status describes the process that runs now. In any other state the
-# `shown` quantities and the resources may still be the previous process's (a target one
-# second into loading with a new pid, a failed target without a process): the views show
-# "-" for them, decided by the state alone, not by guessing how fresh a number is.
-LIVE_STATES = ("ready", "degraded")
-
-
 def _live(target: dict[str, Any]) -> bool:
-    return target.get("state") in LIVE_STATES
+    """Only in the serving states does the status describe the process that runs now. In
+    any other the `shown` quantities and the resources may still be the previous process's
+    (a target one second into loading with a new pid, a failed target without a process):
+    the views show "-" for them, decided by the state alone, not by guessing freshness."""
+    return target.get("state") in SERVING
 
 
 def _acceptance(target: dict[str, Any]) -> str:
