@@ -35,7 +35,6 @@ from supervisor.plugin import (
     Target,
     dense_positions,
     find_out_of_memory,
-    hookimpl,
     parse_prometheus,
     read_model_facts,
 )
@@ -254,8 +253,3 @@ def _kv_bytes(facts: ModelFacts, tokens: int) -> int:
     per_token = 2 * (facts.block_count or 0) * (facts.head_count_kv or 0) * (
         facts.key_length or 0) * 2
     return per_token * tokens
-
-
-@hookimpl
-def register_backends(register) -> None:  # type: ignore[no-untyped-def]
-    register(VllmBackend)
