@@ -32,7 +32,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from supervisor import provision  # noqa: E402
+from plugins.llamacpp import provision  # noqa: E402
+from supervisor.plugin import assemble_example_model  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
 
@@ -120,7 +121,7 @@ def main() -> int:
                                              "proxy_overhead.json"))
     args = parser.parse_args()
     binary = provision.cached_llama_server() or provision.build_llama_server()
-    model = provision.assemble_gemma()
+    model = assemble_example_model()
     work = Path(tempfile.mkdtemp(prefix="specfleet-proxy-bench-"))
     port, instant_port, proxy_port = free_port(), free_port(), free_port()
     instant = work / "instant-server"

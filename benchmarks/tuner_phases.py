@@ -43,8 +43,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from supervisor import provision  # noqa: E402
+from plugins.llamacpp import provision  # noqa: E402
 from supervisor.bench.workloads import BUILT_IN  # noqa: E402
+from supervisor.plugin import assemble_example_model  # noqa: E402
 
 PHASES = ["code", "prose", "code"]
 SWEEPS = {"ngram-mod": [None, 4, 8, 16, 32, 64],  # None: speculation off
@@ -242,7 +243,7 @@ def main() -> int:
     ap.add_argument("--cases", default="ngram-mod,self-draft")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
-    model = str(provision.assemble_gemma())
+    model = str(assemble_example_model())
     base_target = {"model": model, "binary": binary, "port": free_port(),
                    "args": ["--ctx-size", "4096"], "tuning": {"enabled": False},
                    "health": {"interval": "1s", "metrics_interval": "1s"},

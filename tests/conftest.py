@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from plugins.llamacpp import provision
+from supervisor.plugin import assemble_example_model
 
 REPO = Path(__file__).resolve().parent.parent
 # The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests.
@@ -35,7 +36,7 @@ def llama_server_bin() -> str:
 
 @pytest.fixture(scope="session")
 def gemma_model() -> str:
-    return str(provision.assemble_gemma(progress=lambda msg: print(msg, file=sys.stderr)))
+    return str(assemble_example_model(progress=lambda msg: print(msg, file=sys.stderr)))
 
 
 @pytest.fixture

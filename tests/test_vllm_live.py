@@ -87,14 +87,19 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 300) -> Any:
 
 
 def vllm_counters(endpoint: str) -> dict[str, float]:
-    """The runtime's own spec-decode counters, read straight from its /metrics."""
+    """The runtime's own spec-decode counters, read straight from its /metrics; `positions`
+    is how many draft positions it counts (one per speculative token it was started with)."""
     with urllib.request.urlopen(f"{endpoint}/metrics", timeout=30) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
+    positions = set()
     for line in text.splitlines():
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
             if line.startswith(f"vllm:spec_decode_{name}_total{{"):
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        if line.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{"):
+            positions.add(line.split('position="')[1].split('"')[0])
+    out["positions"] = len(positions)
     return out
 
 
@@ -161,7 +166,9 @@ def test_acceptance_from_the_real_metrics_is_shown_by_status_api_and_metrics(ser
     for _ in range(3):
         assert complete(endpoint, CODE) is not None
     raw = vllm_counters(endpoint)
-    assert raw["num_drafts"] > 0 and raw["num_draft_tokens"] == 5 * raw["num_drafts"]
+    # Up to 5 tokens per draft: a draft near the request's end is cut to what is left.
+    assert raw["num_drafts"] > 0 and raw["positions"] == 5
+    assert 4 * raw["num_drafts"] < raw["num_draft_tokens"] <= 5 * raw["num_drafts"]
     expected = raw["num_accepted_tokens"] / raw["num_draft_tokens"]
 
     def shown() -> dict | None:
@@ -183,11 +190,11 @@ def test_acceptance_from_the_real_metrics_is_shown_by_status_api_and_metrics(ser
 
 def test_a_streamed_chat_through_the_proxy_equals_a_direct_one(served):
     daemon, fleet = served
-    body = {"model": "gemma", "stream": True, "temperature": 0, "max_tokens": 48,
+    body = {"stream": True, "temperature": 0, "max_tokens": 48,
             "messages": [{"role": "user", "content": "List three colours, one per line."}]}
 
-    def stream(url: str) -> str:
-        req = urllib.request.Request(url, json.dumps(body).encode(),
+    def stream(url: str, model: str) -> str:
+        req = urllib.request.Request(url, json.dumps({**body, "model": model}).encode(),
                                      {"Content-Type": "application/json"})
         text = []
         with urllib.request.urlopen(req, timeout=300) as resp:
@@ -199,8 +206,9 @@ def test_a_streamed_chat_through_the_proxy_equals_a_direct_one(served):
                         text.append(choice.get("delta", {}).get("content") or "")
         return "".join(text)
 
-    direct = stream(f"{daemon.target('vl')['endpoint']}/v1/chat/completions")
-    proxied = stream(f"{proxy_url(fleet)}/v1/chat/completions")
+    # Direct: vLLM's served name; through the proxy: the target's name (it rewrites it).
+    direct = stream(f"{daemon.target('vl')['endpoint']}/v1/chat/completions", "gemma")
+    proxied = stream(f"{proxy_url(fleet)}/v1/chat/completions", "vl")
     assert direct and proxied == direct
 
 
@@ -314,11 +322,18 @@ def test_a_retune_restarts_vllm_with_the_new_length_and_the_counters_prove_it(
     endpoint = t["endpoint"]
     before = vllm_counters(endpoint)
     for _ in range(2):
-        assert complete(endpoint, CODE) is not None
+        assert complete(endpoint, CODE, 128) is not None
     after = vllm_counters(endpoint)
     drafts = after["num_drafts"] - before.get("num_drafts", 0)
     tokens = after["num_draft_tokens"] - before.get("num_draft_tokens", 0)
-    assert drafts > 0 and tokens / drafts == expected  # draft tokens per verification step
+    per_step = tokens / drafts
+    print(f"[vllm] after the retune to {expected}: {drafts:.0f} drafts, {per_step:.2f} "
+          "draft tokens per step", file=sys.stderr)
+    # vLLM counts one accepted-token series per draft position it was started with, and
+    # proposes up to that many tokens per step (fewer only where a request ends).
+    assert after["positions"] == expected
+    assert drafts > 0 and per_step <= expected
+    assert per_step > 5 if expected > 5 else per_step <= expected < 5
 
 
 def test_a_self_draft_on_vllm_is_measured_slower_and_turned_off(

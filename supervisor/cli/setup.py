@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from supervisor.plugin import assemble_example_model
+
 RUNTIMES = ("llamacpp", "vllm", "all")
 
 
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"llama-server: {llamacpp.build_llama_server(jobs=args.jobs, progress=progress)}",
               flush=True)
         if not args.no_model:
-            print(f"model: {llamacpp.assemble_gemma(progress)}", flush=True)
+            print(f"model: {assemble_example_model(progress)}", flush=True)
     if args.runtime in ("vllm", "all"):
         from plugins.vllm import provision as vllm
 

@@ -34,6 +34,13 @@ from supervisor.plugin.backend import (
     Readiness,
     RuntimeInfo,
 )
+from supervisor.plugin.cache import (
+    assemble_example_model,
+    cache_root,
+    example_model_path,
+    log_tail,
+    run_logged,
+)
 from supervisor.plugin.hookspecs import hookimpl
 from supervisor.plugin.promtext import Samples, dense_positions
 from supervisor.plugin.promtext import parse as parse_prometheus
@@ -42,6 +49,7 @@ __all__ = [
     "GPU_RUNTIME_OVERHEAD", "Assignment", "Backend", "ContextSettings", "Estimate", "Failure",
     "FailureKind", "FileIdentity", "Generation", "GiB", "LaunchSpec", "MetricsSample", "MiB",
     "ModelFacts", "Probe", "Problem", "Readiness", "RuntimeInfo", "Samples", "SpecfleetError",
-    "Target", "dense_positions", "file_identity", "find_out_of_memory", "hookimpl",
-    "llamacpp_model", "parse_prometheus", "read_model_facts",
+    "Target", "assemble_example_model", "cache_root", "dense_positions", "example_model_path",
+    "file_identity", "find_out_of_memory", "hookimpl", "llamacpp_model", "log_tail",
+    "parse_prometheus", "read_model_facts", "run_logged",
 ]
