@@ -7,7 +7,7 @@ kube-state-metrics, so that `specfleet_target_state{state="failed"} == 1` alerts
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import (
@@ -88,6 +88,27 @@ class FleetCollector:
             if resources.get("rss_bytes"):
                 rss.add_metric(labels, resources["rss_bytes"])
         yield from (state, ready, restarts, by_reason, rate, mean_len, length, tps, vram, rss)
+        yield from _by_load(targets, family)
+
+
+def _by_load(targets: list[dict[str, Any]],
+             family: Callable[..., GaugeMetricFamily]) -> Iterator[Metric]:
+    """The tuning window per concurrency bucket (tuning/load.py), label `load`."""
+    fams = {
+        "throughput": family("specfleet_target_throughput_by_load", "Generated tokens per "
+                             "busy second, all requests together, at this many requests "
+                             "running.", ["load"]),
+        "acceptance_rate": family("specfleet_target_acceptance_rate_by_load", "Accepted / "
+                                  "drafted tokens at this many requests running.", ["load"]),
+        "time_share": family("specfleet_target_load_time_share", "Share of the busy time "
+                             "spent at this many requests running.", ["load"]),
+    }
+    for t in targets:
+        for load, numbers in (t.get("by_load") or {}).items():
+            for key, gauge in fams.items():
+                if numbers.get(key) is not None:
+                    gauge.add_metric([t["name"], t["backend"], load], numbers[key])
+    yield from fams.values()
 
 
 def registry_for(fleet: FleetView) -> CollectorRegistry:

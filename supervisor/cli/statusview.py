@@ -200,6 +200,23 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None,
     return "\n".join(lines)
 
 
+def _by_load(by_load: dict[str, Any]) -> list[str]:
+    """The tuning window per concurrency bucket (tuning/load.py)."""
+    if not by_load:
+        return []
+    rows = [("  by load", "requests", "time", "server tok/s", "tok/s per req", "accepted")]
+    for label, b in by_load.items():
+        share, rate = b.get("time_share"), b.get("acceptance_rate")
+        rows.append(("", label, "-" if share is None else f"{100 * share:.0f}%",
+                     "-" if b.get("throughput") is None else f"{b['throughput']:.1f}",
+                     "-" if b.get("tokens_per_second") is None
+                     else f"{b['tokens_per_second']:.1f}",
+                     "-" if rate is None else f"{100 * rate:.0f}%"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
+
+
 def render_target(target: dict[str, Any], record: dict[str, Any] | None,
                   now: float | None = None) -> str:
     """One target in detail, with the record of what actually ran at its last launch."""
@@ -218,6 +235,7 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
                         if placement.get("memory_fraction") else ""))
     for warning in target.get("warnings") or []:
         lines.append(f"  warning      {warning}")
+    lines += _by_load(target.get("by_load") or {})
     if record is None:
         lines.append("  (no run record: the target has not been launched)")
     else:

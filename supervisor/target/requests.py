@@ -17,6 +17,7 @@ from typing import Any
 class ProxyRequests:
     def __init__(self) -> None:
         self._in_flight = 0
+        self._peak = 0  # the most in flight since take_peak() was last called
         self._idle = asyncio.Event()
         self._idle.set()
         self.count = 0  # completions whose timings the runtime returned
@@ -31,6 +32,7 @@ class ProxyRequests:
     async def relaying(self) -> AsyncIterator[None]:
         """Around one request being relayed to the runtime."""
         self._in_flight += 1
+        self._peak = max(self._peak, self._in_flight)
         self._idle.clear()
         try:
             yield
@@ -38,6 +40,12 @@ class ProxyRequests:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+
+    def take_peak(self) -> int:
+        """The most requests in flight at once since the previous call (the load a metrics
+        interval ran at, as the proxy saw it)."""
+        peak, self._peak = self._peak, self._in_flight
+        return peak
 
     async def drained(self, timeout: float) -> bool:
         """Wait until no request is in flight, at most `timeout` seconds; whether it got there."""

@@ -38,6 +38,8 @@ class TargetStatus:
     resources: dict[str, Any] = field(default_factory=dict)  # VRAM, RSS, CPU (the monitor)
     warnings: list[str] = field(default_factory=list)  # the pairing guard's, at the last start
     requests: dict[str, Any] = field(default_factory=dict)  # seen by the proxy (docs/api.md)
+    # the tuning window per concurrency bucket (tuning/load.py), with busy time and throughput
+    by_load: dict[str, Any] = field(default_factory=dict)
 
 
 def counters_view(m: MetricsSample | None) -> dict[str, Any]:

@@ -134,7 +134,7 @@ class TargetSupervisor(ServedTargetMixin):
             metrics=counters_view(self.metrics), tuning=self.tuner.view(window),
             retunes=self.tuner.retunes, log_file=self.log_file, placement=dict(self.placement),
             resources=dict(self.resources) if alive else {}, warnings=list(self.warnings),
-            requests=self.requests.view())
+            requests=self.requests.view(), by_load=self.tuner.by_load.view())
 
     # --- the owner task ---
 
@@ -371,7 +371,7 @@ class TargetSupervisor(ServedTargetMixin):
     def _on_sample(self, sample: MetricsSample) -> None:
         self.metrics = sample
         try:
-            if reason := self.tuner.observe(sample):
+            if reason := self.tuner.observe(sample, self.requests.take_peak()):
                 self.send(Command.RETUNE, reason)
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")

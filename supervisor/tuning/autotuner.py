@@ -20,8 +20,9 @@ from supervisor.models.identity import file_identity
 from supervisor.plugin.backend import Backend, MetricsSample, RuntimeInfo
 from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
+from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
-from supervisor.tuning.window import AcceptanceWindow, WindowStats
+from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
 
@@ -35,6 +36,8 @@ class AutoTuner:
         self.emit = emit
         self.clock = clock
         self.window = AcceptanceWindow(max_steps=target.tuning.window_steps)
+        self.by_load = LoadWindows(max_steps=target.tuning.window_steps)
+        self._last_scrape: tuple[float, int] | None = None  # (time, requests running)
         self.drift = PageHinkley(threshold=target.tuning.drift_threshold)
         fingerprint = _fingerprint(target)
         self.memory = store.load(target.name, fingerprint) if store else TunerMemory(fingerprint)
@@ -71,6 +74,7 @@ class AutoTuner:
 
     def runtime_started(self, info: RuntimeInfo) -> None:
         """A baseline belongs to one model file and one runtime build: check which this is."""
+        self._last_scrape = None  # the time it was down is no load
         if not self.active:
             return
         key = _runtime_key(self.target, info)
@@ -83,10 +87,13 @@ class AutoTuner:
         self._remember(replace(self.memory, phase=SPECULATING, baseline_tps=None,
                                baseline_key=key, measured={}))
 
-    def observe(self, sample: MetricsSample) -> str | None:
-        """Add a metrics sample; returns the reason for a restart when one is due now."""
+    def observe(self, sample: MetricsSample, proxy_peak: int = 0) -> str | None:
+        """Add a metrics sample (`proxy_peak`: the most requests the proxy had in flight to
+        this target since the previous sample); returns the reason for a restart when one
+        is due now."""
         now = time.time()
         delta = self.window.observe(sample, now)
+        self._file_by_load(sample, delta, proxy_peak, now)
         if not self.active:
             return None
         if (delta is not None and delta.acceptance_rate is not None and self.speculation_on
@@ -97,6 +104,7 @@ class AutoTuner:
                       acceptance_rate=round(delta.acceptance_rate, 4),
                       window=self.window.stats().to_dict())
             self.window.clear()
+            self.by_load.clear()
             self.drift.reset()
             # Speedups measured before the change describe a workload that is gone.
             self._remember(replace(self.memory, measured={}))
@@ -114,6 +122,15 @@ class AutoTuner:
                 return self._pending.reason
         return None
 
+    def _file_by_load(self, sample: MetricsSample, delta: Delta | None, proxy_peak: int,
+                      now: float) -> None:
+        last_time, last_running = self._last_scrape or (now, 0)
+        running = max(last_running, sample.requests_processing, proxy_peak)
+        self.by_load.busy(now, running, now - last_time)
+        if delta is not None:
+            self.by_load.add(delta, running)
+        self._last_scrape = (now, sample.requests_processing)
+
     def apply_pending(self) -> None:
         """Make the pending decision the current setting (the caller restarts the server)."""
         decision = self._pending
@@ -127,6 +144,7 @@ class AutoTuner:
             "new_length": self.draft_length, "speculation": self.speculation_on,
             "waited_s": round(self.clock() - self._pending_since, 1)})
         self.window.clear()
+        self.by_load.clear()
         self.drift.reset()
         self._drifted, self._pending, self._pending_sent = False, None, False
 

@@ -129,9 +129,13 @@ class AcceptanceWindow:
         self._last = sample
         if delta.tokens <= 0 and delta.drafts <= 0:
             return None
+        self.add(delta, now)
+        return delta
+
+    def add(self, delta: Delta, now: float) -> None:
+        """Add a delta computed elsewhere (the per-load windows of tuning/load.py)."""
         self._deltas.append(delta)
         self._evict(now)
-        return delta
 
     def _evict(self, now: float) -> None:
         while len(self._deltas) > 1 and (
