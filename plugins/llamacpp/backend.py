@@ -243,6 +243,9 @@ class LlamaCppBackend(Backend):
         spec = self.target.speculation
         return 128 if spec.method == "ngram" else 32
 
+    def ngram_variants(self) -> tuple[str, ...]:
+        return tuple(v for v, flag in NGRAM_LENGTH_FLAG.items() if flag)  # not cache: fixed 8
+
     def resolve_binary(self) -> str:
         if self.target.binary:
             path = Path(self.target.binary).expanduser()

@@ -37,6 +37,14 @@ def check_speculation(target: Target) -> list[Problem]:
     if spec.variant is not None and spec.method != "ngram":
         problems.append(Problem((*base, "variant"),
             f"variant applies to method ngram only (method is {spec.method}); remove variant"))
+    if spec.variants is not None and spec.method != "ngram":
+        problems.append(Problem((*base, "variants"),
+            f"variants applies to method ngram only (method is {spec.method}); remove variants"))
+    elif isinstance(spec.variants, tuple) and spec.variant is not None \
+            and spec.variant not in spec.variants:
+        problems.append(Problem((*base, "variants"),
+            f"variants {list(spec.variants)} does not include variant {spec.variant!r}, the one "
+            "it starts with; add it"))
     length = spec.length
     if length.max is not None and length.min > length.max:
         problems.append(Problem((*base, "length", "min"),

@@ -108,6 +108,11 @@ class Speculation(_Strict):
             "`dflash`) or the context (`ngram`, `suffix`); `eagle` and `suffix` are vLLM only."))
     variant: NgramVariant | None = Field(
         default=None, description="The n-gram variant, for method `ngram` only; unset: `mod`.")
+    variants: tuple[NgramVariant, ...] | Literal["auto"] | None = Field(
+        default=None, description=(
+            "N-gram variants the tuner may switch between (method `ngram`, runtimes that have "
+            "variants: llama.cpp); `auto`: every variant whose length it can tune; unset: only "
+            "`variant`. Each is measured at its tuned length, the best is kept."))
     draft: str | None = Field(default=None, description=(
         "Draft model or head file: required for `draft`, `eagle`, `eagle3` and `dflash`, "
         "optional for `mtp`, refused for `ngram` and `suffix`."))

@@ -158,6 +158,18 @@ class Backend:
         """The largest draft length worth trying when `length.max` is unset."""
         return 32
 
+    def ngram_variants(self) -> tuple[str, ...]:
+        """The n-gram variants this runtime can switch between with a tunable length (what
+        `speculation.variants: auto` means for it); none: the runtime has no variants."""
+        return ()
+
+    def with_variant(self, variant: str | None) -> Backend:
+        """This backend for the same target with another n-gram variant (the tuner's)."""
+        if variant == self.target.speculation.variant:
+            return self
+        spec = self.target.speculation.model_copy(update={"variant": variant})
+        return type(self)(self.target.model_copy(update={"speculation": spec}))
+
     # --- launching ---
 
     def resolve_binary(self) -> str:

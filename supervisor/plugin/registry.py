@@ -44,7 +44,7 @@ class BackendRegistry:
             hint = did_you_mean(target.backend, self._backends)
             return [Problem(("backend",), f"backend {target.backend!r} is not installed{hint}; "
                                           f"installed: {', '.join(self.names())}")]
-        problems = cls.check(target)
+        problems = cls.check(target) + _check_variants(cls, target)
         if target.launcher == "external" and not cls.supports_external:
             problems.append(Problem(("launcher",), f"the {target.backend} backend cannot use a "
                                     "server it did not start; launcher: process or systemd"))
@@ -62,6 +62,22 @@ class BackendRegistry:
         if cls is None:
             raise SpecfleetError(f"backend {target.backend!r} is not installed")
         return cls(target)
+
+
+def _check_variants(cls: type[Backend], target: Target) -> list[Problem]:
+    """`speculation.variants` names variants this runtime can switch between."""
+    wanted = target.speculation.variants
+    if not isinstance(wanted, tuple) and wanted != "auto":
+        return []
+    has = cls(target).ngram_variants()
+    if not has:
+        return [Problem(("speculation", "variants"), f"the {target.backend} backend has no "
+                        "n-gram variants to switch between; remove variants")]
+    missing = [v for v in wanted if v not in has] if isinstance(wanted, tuple) else []
+    if missing:
+        return [Problem(("speculation", "variants"), f"{', '.join(missing)}: not a variant the "
+                        f"tuner can switch to on {target.backend}; valid: {', '.join(has)}")]
+    return []
 
 
 def build_registry(extra_plugins: Iterable[ModuleType | object] = (),

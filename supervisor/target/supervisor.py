@@ -114,7 +114,7 @@ class TargetSupervisor(ServedTargetMixin):
         length = self.tuner.draft_length if spec.method != "none" else None
         # The length it really runs with: the runtime's own default when none is set.
         effective = length if length is not None or spec.method == "none" \
-            else self.backend.default_length()
+            else self.tuner.launch_backend().default_length()
         tunable = self.backend.tunable_length() or (
             "nothing to tune for this method" if spec.method != "none" else None)
         alive = self.process is not None and self.process.returncode is None
@@ -127,7 +127,8 @@ class TargetSupervisor(ServedTargetMixin):
             restarts_by_reason=dict(self.restarts_by_reason),
             last_event=self.last_event.to_dict() if self.last_event else None,
             failure_output=self.failure_output, runtime=dict(self.runtime),
-            speculation={"method": spec.method, "variant": spec.variant, "enabled": speculating,
+            speculation={"method": spec.method, "variant": self.tuner.variant,
+                         "enabled": speculating,
                          "draft_length": length, "tunable": tunable},
             shown=shown(window, self.metrics, method=spec.method,
                         speculating=speculating, draft_length=effective, serving=self.serving),
@@ -273,9 +274,8 @@ class TargetSupervisor(ServedTargetMixin):
         self.placement = ({"gpus": list(placement.gpus), "per_gpu": placement.per_gpu,
                            "memory_fraction": placement.memory_fraction} if placement else {})
         self.tuner.runtime_started(info)
-        spec = self.backend.launch_spec(self.tuner.draft_length,
-                                        speculation=self.tuner.speculation_on,
-                                        placement=placement)
+        spec = self.tuner.launch_backend().launch_spec(
+            self.tuner.draft_length, speculation=self.tuner.speculation_on, placement=placement)
         self.runtime = {"binary": info.binary, "version": info.version}
         grace = self.target.restart.stop_grace
         if self._may_adopt:

@@ -22,6 +22,7 @@ from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
+from supervisor.tuning.variants import allowed_variants, search
 from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
@@ -39,6 +40,8 @@ class AutoTuner:
         self.by_load = LoadWindows(max_steps=target.tuning.window_steps)
         self._last_scrape: tuple[float, int] | None = None  # (time, requests running)
         self.drift = PageHinkley(threshold=target.tuning.drift_threshold)
+        self.variants_allowed = allowed_variants(
+            target.speculation.variants, target.speculation.variant, backend.ngram_variants())
         fingerprint = _fingerprint(target)
         self.memory = store.load(target.name, fingerprint) if store else TunerMemory(fingerprint)
         self.retunes = 0
@@ -61,11 +64,22 @@ class AutoTuner:
         tuned = self.memory.length if self.active else None
         return tuned if tuned is not None else self.target.speculation.length.start
 
+    @property
+    def variant(self) -> str | None:
+        """The n-gram variant it runs: tuned (speculation.variants), else configured."""
+        tuned = self.memory.variant if self.active and self.variants_allowed else None
+        return tuned or self.target.speculation.variant
+
+    def launch_backend(self) -> Backend:
+        """The backend for the variant it runs (the configured backend when not tuned)."""
+        return self.backend.with_variant(self.variant)
+
     def bounds(self) -> Bounds:
         length = self.target.speculation.length
-        current = self.draft_length or self.backend.default_length() or 1
-        return Bounds(current, length.min, length.max or self.backend.length_ceiling(),
-                      self.backend.tunable_length() is not None)
+        backend = self.launch_backend()
+        current = self.draft_length or backend.default_length() or 1
+        return Bounds(current, length.min, length.max or backend.length_ceiling(),
+                      backend.tunable_length() is not None)
 
     def _remember(self, memory: TunerMemory) -> None:
         self.memory = memory
@@ -107,10 +121,12 @@ class AutoTuner:
             self.by_load.clear()
             self.drift.reset()
             # Speedups measured before the change describe a workload that is gone.
-            self._remember(replace(self.memory, measured={}))
+            self._remember(replace(self.memory, measured={}, variants={}))
         if self._pending is None:
             decision = plan(self.memory, self.window.stats(), self.target.tuning, self.bounds(),
                             now, self._drifted)
+            decision = search(decision, self.variant or "", self.variants_allowed,
+                              self.target.tuning, now)
             if decision is not None and decision.action == "keep":
                 self._remember(decision.memory)  # a measurement, no restart
             elif decision is not None:
@@ -155,6 +171,7 @@ class AutoTuner:
             return {"enabled": False}
         m = self.memory
         return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
+                "variant": self.variant, "variants_measured": m.variants,
                 "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
                 "window": (stats or self.window.stats()).to_dict(),
                 "pending": self._pending.reason if self._pending else None,

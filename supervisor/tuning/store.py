@@ -29,6 +29,10 @@ class TunerMemory:
     # The window measured with speculation just before the baseline run, judged as soon
     # as the baseline is known (saves a restart when speculation turns out not to pay).
     before_baseline: dict[str, Any] | None = None
+    # The n-gram variant the tuner runs (None: the configured one), and what each variant it
+    # tried measured at its tuned length: {variant: {"length": n, "speedup": x}}.
+    variant: str | None = None
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def speculation(self) -> bool:
