@@ -7,6 +7,11 @@ the model and draft files. Hashing a 40 GB model takes a minute, so it runs in a
 thread after the launch and is cached per file identity (`supervisor.models.identity`:
 resolved path, device, inode, size, mtime and ctime; for a directory, every file under
 it) in <state_dir>/hashes.json; the record is rewritten when the digests are known.
+
+One file is hashed at a time, through one reused 1 MB buffer, so that eight targets that
+start on the same model read it once (the others wait, then find its digest in the cache),
+not eight times over in eight threads: with 8 MB reads that left a daemon of 8 targets at
+172 MB RSS instead of 74 MB, malloc keeping each thread's arena.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json, write_text
 from supervisor.models.identity import file_identity, files_under
-from supervisor.plugin.backend import LaunchSpec, RuntimeInfo
+
+if TYPE_CHECKING:  # `specfleet status --target` reads records without the plugin contract
+    from supervisor.plugin.backend import LaunchSpec, RuntimeInfo
 
 HISTORY = 50
-_CHUNK = 8 << 20
+_CHUNK = 1 << 20  # larger reads are no faster, and their buffer stays in malloc's arena
 
 
 @dataclass
@@ -51,11 +58,13 @@ class Cancelled(Exception):
 
 def sha256_file(path: str, stop: threading.Event | None = None) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
             if stop is not None and stop.is_set():
                 raise Cancelled(path)
-            digest.update(chunk)
+            digest.update(view[:n])
     return digest.hexdigest()
 
 
@@ -82,6 +91,7 @@ class RunRecorder:
         self._history: dict[str, list[str]] = {}  # target -> the lines of <target>.jsonl
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = threading.Event()  # a daemon that stops does not wait for a 40 GB hash
+        self._hashing = asyncio.Lock()  # one file at a time (module docstring)
 
     def _load_hashes(self) -> dict[str, str]:
         if self._hashes is None:
@@ -127,7 +137,8 @@ class RunRecorder:
         for info in record.files.values():
             try:
                 info["size"] = os.path.getsize(info["path"])
-                info["sha256"] = await asyncio.to_thread(self.digest, info["path"])
+                async with self._hashing:
+                    info["sha256"] = await asyncio.to_thread(self.digest, info["path"])
             except OSError as exc:
                 info["sha256"] = f"unreadable: {exc.strerror}"
             except Cancelled:
