@@ -18,11 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import gguf
-
 from supervisor.errors import SpecfleetError
 from supervisor.models import hf
-from supervisor.models.gguf import TOKENS_KEY, Summary, Tensor, read_header, tensor_bytes
+from supervisor.models.gguf import FORMAT, TOKENS_KEY, Summary, Tensor, read_header, tensor_bytes
 from supervisor.models.gguf import read_tokens as read_gguf_tokens
 from supervisor.models.identity import FileIdentity, file_identity
 
@@ -155,7 +153,7 @@ def _file_type_name(file_type: Any) -> str | None:
     if file_type is None:
         return None
     try:
-        return gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        return FORMAT.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
     except ValueError:
         return str(file_type)
 

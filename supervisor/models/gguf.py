@@ -5,28 +5,52 @@ types, quantisation block sizes): `gguf.GGUFReader` builds a numpy view per meta
 string, which takes ~20 s for a 262k-token vocabulary on these machines, too slow for a
 check before every start. The tests check this reader against `GGUFReader` on files the
 `gguf` writer made. What the metadata means is `supervisor.models.facts`' business.
+
+Only the package's `constants` module is loaded (`FORMAT`): `import gguf` also imports its
+reader, writer and quantisers, and numpy with them, which cost the daemon 12.5 MB of its
+~74 MB and every command that reads a model ~0.15 s, for four tables of constants.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import mmap
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import gguf
 
 from supervisor.errors import SpecfleetError
 
+
+def _gguf_constants() -> ModuleType:
+    """`gguf/constants.py` of the installed `gguf` package, without the package's
+    `__init__` (which imports numpy); under a name of our own, so that a later `import
+    gguf` (the tests' writer) still gets its own complete package."""
+    name = "supervisor.models._gguf_constants"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("gguf")  # finds a top-level package, imports nothing
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("the gguf package is not installed (pip install gguf)")
+    path = Path(next(iter(package.submodule_search_locations))) / "constants.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+FORMAT = _gguf_constants()
+_T = FORMAT.GGUFValueType
 _SCALAR = {
-    gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
-    gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
-    gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
-    gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?",
-    gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
-    gguf.GGUFValueType.FLOAT64: "<d",
+    _T.UINT8: "<B", _T.INT8: "<b", _T.UINT16: "<H", _T.INT16: "<h", _T.UINT32: "<I",
+    _T.INT32: "<i", _T.FLOAT32: "<f", _T.BOOL: "<?", _T.UINT64: "<Q", _T.INT64: "<q",
+    _T.FLOAT64: "<d",
 }
 # Arrays longer than this are summarised (count, digest), not kept: token lists,
 # scores and merges are tens of MB as Python objects.
@@ -65,7 +89,7 @@ def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
     n = 1
     for d in shape:
         n *= d
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    block, size = FORMAT.GGML_QUANT_SIZES[FORMAT.GGMLQuantizationType(ggml_type)]
     return n // block * size
 
 
@@ -126,9 +150,9 @@ class GGUFHeader:
         return self._str_bytes().decode("utf-8", errors="replace")
 
     def _value(self, vtype: int, key: str, want_tokens: bool) -> Any:
-        if vtype == gguf.GGUFValueType.STRING:
+        if vtype == _T.STRING:
             return self._str()
-        if vtype == gguf.GGUFValueType.ARRAY:
+        if vtype == _T.ARRAY:
             return self._array(key, want_tokens)
         if vtype in _SCALAR:
             return self._unpack(_SCALAR[vtype])
@@ -136,7 +160,7 @@ class GGUFHeader:
 
     def _array(self, key: str, want_tokens: bool) -> Any:
         etype, count = self._u32(), self._u64()
-        if etype == gguf.GGUFValueType.STRING:
+        if etype == _T.STRING:
             if key == TOKENS_KEY and want_tokens:
                 return [self._str() for _ in range(count)]
             digest = hashlib.sha256()
