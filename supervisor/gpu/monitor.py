@@ -44,26 +44,36 @@ def headroom_alerts(snapshot: nvml.GpuSnapshot, headroom: int,
     return alerts, frozenset(low_now)
 
 
+def children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from one pass over the process table. (psutil's
+    `Process.children` makes that pass on each call: once per target per reading.)"""
+    out: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        out.setdefault(proc.info["ppid"], []).append(proc.pid)
+    return out
+
+
 class _Trees:
     """psutil.Process objects kept between readings, so cpu_percent has a baseline."""
 
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}
 
-    def usage(self, root_pid: int) -> tuple[set[int], int, float]:
-        """(pids of the tree, RSS bytes, CPU percent) of a process and its descendants."""
-        try:
-            root = self._get(root_pid)
-            members = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return set(), 0, 0.0
+    def usage(self, root_pid: int, children: dict[int, list[int]] | None = None,
+              ) -> tuple[set[int], int, float]:
+        """(pids of the tree, RSS bytes, CPU percent) of a process and its descendants;
+        `children`: `children_by_parent()`, taken once for all the trees of a reading."""
+        children = children_by_parent() if children is None else children
+        members = [root_pid]
+        for pid in members:  # grows while walked: breadth first
+            members.extend(children.get(pid, ()))
         pids, rss, cpu = set(), 0, 0.0
-        for p in members:
+        for pid in members:
             try:
-                proc = self._get(p.pid)
+                proc = self._get(pid)
                 rss += proc.memory_info().rss
                 cpu += proc.cpu_percent(None)
-                pids.add(p.pid)
+                pids.add(pid)
             except psutil.Error:
                 continue
         return pids, rss, cpu
@@ -82,9 +92,10 @@ def read_all(pids: Mapping[str, int], trees: _Trees) -> tuple[nvml.GpuSnapshot,
                                                               dict[str, dict[str, Any]]]:
     """One reading of the GPUs and of every target's process tree; blocking."""
     snapshot = nvml.read()
+    children = children_by_parent()
     out = {}
     for name, pid in pids.items():
-        tree, rss, cpu = trees.usage(pid)
+        tree, rss, cpu = trees.usage(pid, children)
         per_gpu = nvml.attribute(snapshot, tree)
         out[name] = {"rss_bytes": rss, "cpu_percent": round(cpu, 1),
                      "vram_bytes": sum(per_gpu.values()) if snapshot.gpus else None,
