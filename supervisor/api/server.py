@@ -20,25 +20,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from supervisor import __version__
 from supervisor.api.fleetview import FleetView, ServedTarget
 from supervisor.api.promexport import registry_for
-from supervisor.config.schema import Fleet
-from supervisor.errors import SpecfleetError
 from supervisor.events import Event
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = {"/healthz"}
-
-
-def read_api_token(fleet: Fleet) -> str | None:
-    """The configured API token, read on each use (a rotated file takes effect at once).
-    None only when no token is configured; a configured token that is empty or cannot be
-    read is "", which no request matches: the API fails closed, never open."""
-    source = fleet.daemon.api_token
-    if source is None:
-        return None
-    try:
-        return source.read("daemon.api_token")
-    except SpecfleetError:
-        return ""
 
 
 def json_error(status: int, message: str) -> web.Response:

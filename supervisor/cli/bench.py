@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
-from supervisor.cli.common import load
 from supervisor.errors import SpecfleetError
-from supervisor.plugin.registry import default_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,10 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
     import time
 
     from supervisor.bench import runner as bench_runner
     from supervisor.bench import workloads
+    from supervisor.cli.common import load
+    from supervisor.plugin.registry import default_registry
 
     registry = default_registry()
     fleet = load(args.file, registry).fleet

@@ -6,12 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import psutil
-
-from supervisor.cli.common import load
 from supervisor.daemon import statusfile
-from supervisor.gpu import nvml, placement
-from supervisor.plugin.registry import default_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import psutil
+
+    from supervisor.cli.common import load
+    from supervisor.gpu import nvml, placement
+    from supervisor.plugin.registry import default_registry
+
     registry = default_registry()
     loaded = load(args.file, registry)
     fleet = loaded.fleet
@@ -59,4 +60,6 @@ def _running_fleet_vram(state_dir: str) -> dict[int, int]:
                              warn=lambda problem: print(f"specfleet: {problem}", file=sys.stderr))
     if status is None or not statusfile.daemon_alive(status.get("daemon", {})):
         return {}
+    from supervisor.gpu import placement
+
     return placement.held_vram(t.get("resources") or {} for t in status.get("targets", []))

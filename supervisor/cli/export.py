@@ -6,9 +6,6 @@ import argparse
 import json
 import sys
 
-from supervisor.cli.common import load
-from supervisor.plugin.registry import default_registry
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="print the fleet as a router's configuration",
@@ -29,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from supervisor.api import litellm
+    from supervisor.cli.common import load
+    from supervisor.plugin.registry import default_registry
 
     fleet = load(args.file, default_registry(), runtime_files=False).fleet
     config = litellm.config(fleet)

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
-
-from supervisor.cli.common import load
-from supervisor.plugin.registry import default_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,10 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: the daemon's modules (API, proxy, launchers, tuner) add ~0.1 s that the
-    # other commands, `check` above all, should not pay.
+    import asyncio
+
+    from supervisor.cli.common import load
     from supervisor.daemon.lifecycle import Daemon
     from supervisor.daemon.logs import configure
+    from supervisor.plugin.registry import default_registry
 
     configure(json_lines=args.json_logs)
     registry = default_registry()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from supervisor.plugin import assemble_example_model
-
 RUNTIMES = ("llamacpp", "vllm", "all")
 
 
@@ -33,6 +31,8 @@ def progress(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from supervisor.plugin import assemble_example_model
+
     if args.runtime in ("llamacpp", "all"):
         from plugins.llamacpp import provision as llamacpp
 

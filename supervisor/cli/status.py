@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.cli import statusview
-from supervisor.config.loader import load_fleet
-from supervisor.config.schema import default_state_dir
+from supervisor.config.paths import default_state_dir
 from supervisor.daemon import statusfile
 from supervisor.errors import SpecfleetError
 
@@ -30,7 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fleet = load_fleet(args.file).fleet if args.file else None  # its state_dir and API token
+    fleet = None
+    if args.file:  # its state_dir and API token
+        from supervisor.config.loader import load_fleet
+
+        fleet = load_fleet(args.file).fleet
     if args.state_dir:
         state_dir = Path(args.state_dir).expanduser()
     elif fleet is not None:
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if alive:
         token = None
         if fleet is not None:
-            from supervisor.api.server import read_api_token
+            from supervisor.api.token import read_api_token
 
             token = read_api_token(fleet)
         status = _status_from_api(status, token) or status

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.atomicfile import write_text
-from supervisor.cli.common import load
 from supervisor.errors import SpecfleetError
-from supervisor.plugin.registry import default_registry
 
 if TYPE_CHECKING:
     from supervisor.launcher.systemd.launcher import SystemdLauncher
@@ -34,8 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _unit_files(args: argparse.Namespace,
                 every_target: bool) -> tuple[SystemdLauncher, dict[str, str]]:
     """(launcher, {file name: text}) for the daemon and the fleet's targets."""
+    from supervisor.cli.common import load
     from supervisor.launcher.systemd import units
     from supervisor.launcher.systemd.launcher import SystemdLauncher
+    from supervisor.plugin.registry import default_registry
 
     registry = default_registry()
     fleet_path = Path(args.file).resolve()
@@ -85,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
             raise SpecfleetError(f"cannot write {path}: {exc.strerror} (system units need root; "
                                  "--user writes user units)") from exc
         print(path)
+
+    import asyncio
 
     async def reload() -> None:
         await launcher.connect()

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from supervisor.config.paths import default_state_dir
 from supervisor.config.scalars import env_name, strict_scalar
 from supervisor.config.units import parse_duration, parse_fraction, parse_size
 from supervisor.errors import SpecfleetError
@@ -39,14 +40,6 @@ METHODS_NEEDING_DRAFT = ("draft", "eagle", "eagle3", "dflash")
 METHODS_WITH_DRAFT_FILE = ("draft", "eagle", "eagle3", "dflash", "mtp")
 METHODS_WITHOUT_MODEL = ("ngram", "suffix")  # draft from the context
 LauncherName = Literal["process", "systemd", "external"]
-
-
-def default_state_dir() -> str:
-    """`/var/lib/specfleet` as root, else `$XDG_STATE_HOME/specfleet` (`~/.local/state/specfleet`)"""
-    if os.geteuid() == 0:
-        return "/var/lib/specfleet"
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return str(Path(base) / "specfleet")
 
 
 def _argv_item(value: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from supervisor.api import litellm
-from supervisor.api.server import read_api_token
+from supervisor.api.token import read_api_token
 from supervisor.atomicfile import LOG_ONLY, StateReport
 from supervisor.config.loader import load_fleet
 from supervisor.config.schema import Fleet, Target

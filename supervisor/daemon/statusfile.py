@@ -10,12 +10,14 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from supervisor.atomicfile import write_json
-from supervisor.target.status import TargetStatus
+
+if TYPE_CHECKING:  # `specfleet status` reads the file without the daemon's modules
+    from supervisor.target.status import TargetStatus
 
 STATUS_FILE = "status.json"
 
