@@ -288,6 +288,32 @@ async def test_a_hung_server_is_killed_and_restarted(start_target):
     assert "3 failed health checks in a row" in backoff.reason
 
 
+async def test_a_runtime_that_reports_itself_dead_is_restarted_at_once_as_a_crash(start_target):
+    # vLLM's API server stays up answering 503 once its engine died: not a hang to wait for.
+    run = start_target(health={"failures": 100})
+    await run.reaches(S.READY)
+    dead = run.process
+    run.world.readiness = Readiness.DEAD
+    await run.reaches(S.BACKOFF)
+    run.world.readiness = Readiness.READY
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == CRASH_AND_RESTART  # no degraded step, no failures counted
+    assert dead.signals and run.sup.restarts_by_reason == {"crash": 1}
+    backoff = next(e for e in run.events if e.new == "backoff")
+    assert backoff.reason.startswith("fake probe")
+
+
+async def test_a_hung_server_whose_output_says_why_is_restarted_for_that_reason(start_target):
+    run = start_target()
+    await run.reaches(S.READY)
+    run.world.probe_hangs = True
+    run.world.load_error = True  # what the runtime printed before it stopped answering
+    await run.reaches(S.FAILED)  # its reason (a load error) is not retried, a hang would be
+    failed = next(e for e in run.events if e.new == "failed")
+    assert "could not load the model (then it stopped answering" in failed.reason
+    assert "failed health checks in a row" in failed.reason
+
+
 async def test_a_degraded_target_that_crashes_for_good_fails(start_target):
     run = start_target(health={"failures": 100})
     await run.reaches(S.READY)

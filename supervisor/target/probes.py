@@ -114,6 +114,8 @@ class HealthWatch:
         deadline = self.clock() + self.health.start_timeout
         while True:
             probe, problem = await self._problem()
+            if probe is not None and probe.readiness == Readiness.DEAD:
+                return Failure(FailureKind.CRASH, probe.detail)
             if probe is not None and probe.readiness == Readiness.READY:
                 liveness.ok()
                 if self.state() == State.LOADING:

@@ -336,7 +336,7 @@ class TargetSupervisor(ServedTargetMixin):
         if command_task in done:
             return await self._command_while_running(proc, command_task.result())
         if health_task in done:
-            failure = health_task.result()
+            failure = self._explain_hang(proc, health_task.result())
             proc.kill()
             await exit_task
         else:
@@ -358,6 +358,17 @@ class TargetSupervisor(ServedTargetMixin):
         if step is not Next.RUN:
             self._set_state(State.STOPPED, f"stopped ({request.reason})")
         return step
+
+    def _explain_hang(self, proc: RunningProcess, failure: Failure) -> Failure:
+        """A process that stopped answering may have said why (vLLM's API server lingers,
+        not listening, after its engine died): the runtime's own reason, when it gave one."""
+        if failure.kind != FailureKind.HANG:
+            return failure
+        said = self.backend.explain_failure(proc.output_tail(), None)
+        if said is None or said.kind == FailureKind.HANG:
+            return failure
+        return Failure(said.kind, f"{said.summary} (then it stopped answering: "
+                       f"{failure.summary})", said.retryable)
 
     def _explain_exit(self, proc: RunningProcess, code: int) -> Failure:
         if proc.oom_killed():
