@@ -3,6 +3,9 @@ replace polling (JobRemoved for jobs, PropertiesChanged for a unit's state).
 
 Low-level messages rather than introspected proxies: the calls are few and fixed, and a
 proxy per unit would cost an Introspect round trip at every start.
+
+dbus-fast is imported by the methods that use it: a daemon whose targets are not on systemd
+never connects, and never loads it (2.8 MB of its memory).
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
-
-from dbus_fast import BusType, Message, MessageType, Variant
-from dbus_fast.aio import MessageBus
+from typing import TYPE_CHECKING, Any
 
 from supervisor.errors import SpecfleetError
+
+if TYPE_CHECKING:
+    from dbus_fast import Message
+    from dbus_fast.aio import MessageBus
 
 DEST = "org.freedesktop.systemd1"
 PATH = "/org/freedesktop/systemd1"
@@ -41,6 +45,9 @@ class SystemdManager:
 
     @classmethod
     async def connect(cls, user: bool = False) -> SystemdManager:
+        from dbus_fast import BusType
+        from dbus_fast.aio import MessageBus
+
         try:
             bus = await MessageBus(bus_type=BusType.SESSION if user else BusType.SYSTEM).connect()
         except (OSError, ValueError, Exception) as exc:  # dbus-fast raises its own types too
@@ -63,6 +70,8 @@ class SystemdManager:
 
     async def _call(self, member: str, signature: str = "", body: list[Any] | None = None, *,
                     dest: str = DEST, path: str = PATH, interface: str = MANAGER) -> list[Any]:
+        from dbus_fast import Message, MessageType
+
         reply = await self.bus.call(Message(destination=dest, path=path, interface=interface,
                                             member=member, signature=signature, body=body or []))
         if reply is None:
@@ -128,6 +137,8 @@ class SystemdManager:
         return unwatch
 
     def _on_message(self, msg: Message) -> bool:
+        from dbus_fast import MessageType, Variant
+
         if msg.message_type != MessageType.SIGNAL:
             return False
         if msg.member == "JobRemoved" and msg.interface == MANAGER:
