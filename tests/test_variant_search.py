@@ -72,6 +72,18 @@ def test_a_variant_that_does_not_pay_hands_over_to_the_next_and_none_paying_is_o
         "mod", "simple"}
 
 
+def test_variants_the_fleet_file_no_longer_allows_are_neither_run_nor_chosen(tmp_path):
+    tried = {"map-k": {"length": 8, "speedup": 3.0}, "mod": {"length": 16, "speedup": 1.5}}
+    d = search(decision("keep", 1.6, variants=tried, variant="simple"), "simple",
+               ("mod", "simple"), SETTINGS, 1.0)
+    assert d.action == "keep" and set(d.memory.variants) == {"mod", "simple"}
+    target = Target(name="t", model=str(tmp_path / "m.gguf"), port=1,
+                    speculation={"method": "ngram", "variants": ["mod", "simple"]})
+    tuner = AutoTuner(target, LlamaCppBackend(target), None, lambda *a, **k: None)
+    tuner._remember(replace(tuner.memory, variant="map-k"))
+    assert tuner.variant is None  # the configured one (llama.cpp's default, mod)
+
+
 def test_other_decisions_and_no_search_pass_through():
     for action in ("retune", "explore", "baseline", "restore"):
         d = decision(action, 1.5)

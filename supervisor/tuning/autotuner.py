@@ -67,7 +67,9 @@ class AutoTuner:
     @property
     def variant(self) -> str | None:
         """The n-gram variant it runs: tuned (speculation.variants), else configured."""
-        tuned = self.memory.variant if self.active and self.variants_allowed else None
+        # A variant tuned before the fleet file narrowed `variants` is not run.
+        tuned = self.memory.variant if self.active and \
+            self.memory.variant in self.variants_allowed else None
         return tuned or self.target.speculation.variant
 
     def launch_backend(self) -> Backend:

@@ -42,8 +42,9 @@ def search(decision: Decision | None, variant: str, allowed: tuple[str, ...],
     data = decision.data
     if data.get("measured_speedup") is None:
         return decision
-    results = {**decision.memory.variants,
-               variant: {"length": data.get("old_length"), "speedup": data["measured_speedup"]}}
+    # Only allowed variants count: the fleet file may have narrowed the list since.
+    results = {v: r for v, r in decision.memory.variants.items() if v in allowed}
+    results[variant] = {"length": data.get("old_length"), "speedup": data["measured_speedup"]}
     verdict = "does not pay" if decision.action == "disable" else "settled"
     said = (f"n-gram variant {variant} {verdict} at length {data.get('old_length')} "
             f"({data['measured_speedup']:.2f}x)")
