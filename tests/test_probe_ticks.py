@@ -4,6 +4,8 @@ probes.py; the CPU it saves is measured by benchmarks/daemon_overhead.py)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from supervisor.target.probes import TICK_SLACK, to_next_tick
@@ -18,7 +20,7 @@ def test_targets_started_at_different_times_are_read_at_the_same_instants(interv
             reads.append(now)
         ticks = [r / interval for r in reads]
         assert ticks == pytest.approx([round(t) for t in ticks], abs=1e-9)
-        assert [b - a for a, b in zip(reads, reads[1:])] == pytest.approx([interval] * 2)
+        assert [b - a for a, b in itertools.pairwise(reads)] == pytest.approx([interval] * 2)
 
 
 def test_a_wake_up_a_hair_before_its_tick_does_not_read_twice():
