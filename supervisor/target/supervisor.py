@@ -35,6 +35,10 @@ from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.quantities import shown
 from supervisor.tuning.store import TuningStore
 
+# Lines of the runtime's output a failure is explained from: the reason can be far from
+# the end (vLLM prints tracebacks, then ~40 lines of nanobind leak reports at exit).
+EXPLAIN_LINES = 200
+
 
 class TargetSupervisor(ServedTargetMixin):
     def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
@@ -364,7 +368,7 @@ class TargetSupervisor(ServedTargetMixin):
         not listening, after its engine died): the runtime's own reason, when it gave one."""
         if failure.kind != FailureKind.HANG:
             return failure
-        said = self.backend.explain_failure(proc.output_tail(), None)
+        said = self.backend.explain_failure(proc.output_tail(EXPLAIN_LINES), None)
         if said is None or said.kind == FailureKind.HANG:
             return failure
         return Failure(said.kind, f"{said.summary} (then it stopped answering: "
@@ -375,7 +379,7 @@ class TargetSupervisor(ServedTargetMixin):
             return Failure(FailureKind.OUT_OF_MEMORY, "out of host memory: killed by the "
                            "kernel's OOM killer (SIGKILL, and oom_kill rose in its cgroup's "
                            "memory.events)")
-        return self.backend.explain_failure(proc.output_tail(), code) or Failure(
+        return self.backend.explain_failure(proc.output_tail(EXPLAIN_LINES), code) or Failure(
             FailureKind.CRASH, f"{self.backend.description or self.target.backend} "
                                f"{exit_description(code)}")
 
