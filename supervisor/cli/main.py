@@ -3,9 +3,9 @@ its own module with its sub-parser and handler.
 
 Building the parser imports every command's module, so those modules import at their top
 only what their sub-parser needs; the rest (the fleet file's schema, the backends and their
-plugins, the daemon) is imported by the handler. `specfleet status` then loads neither the
-daemon nor aiohttp nor the backends: 0.3 s less per call than when every command imported
-everything.
+plugins, the daemon) is imported by the handler: `specfleet status` loads neither the daemon
+nor aiohttp nor the backends (benchmarks/daemon_overhead.py times it against the code that
+imported everything).
 """
 
 from __future__ import annotations
