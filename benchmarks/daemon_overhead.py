@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -330,6 +331,8 @@ def main() -> int:
                         help="idle minutes of the old commit's daemon (0: not run)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" /
                                              "daemon_overhead.json"))
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (fleet files, state dirs, daemon logs)")
     args = parser.parse_args()
     binary = provision.cached_llama_server() or provision.build_llama_server()
     model = assemble_example_model(lambda msg: print(msg, file=sys.stderr))
@@ -359,6 +362,10 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
     report(result, args)
     print(f"written: {args.out}")
+    if args.keep:
+        print(f"kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
