@@ -105,15 +105,10 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._signals.put_nowait, sig)
-            # Probes and counter reads reuse a connection idle under 2 s, i.e. only when a
-            # target is read every second or so: a new connection per read cost 8 targets
-            # read every second ~0.15 % of a core more (aiohttp's connection set-up). An idle
-            # connection does not starve llama-server b11434 (12 held open, a 13th is served
-            # in 2 ms: it adds HTTP threads beyond its fixed ones), and 2 s is well under
-            # the runtimes' own keep-alive timeouts (llama-server, vLLM's uvicorn: 5 s), so
-            # a reused connection is never one the runtime is closing.
+            # Connection: close on every probe: an idle keep-alive connection would tie up
+            # one of llama-server's few HTTP worker threads.
             self.targets.http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(keepalive_timeout=2))
+                connector=aiohttp.TCPConnector(force_close=True))
             try:
                 await self._serve()
             finally:
