@@ -154,7 +154,9 @@ def test_ready_only_after_loading_refused_connections_are_not_failures(served):
     daemon, _ = served
     t = daemon.target("vl")
     assert t["state"] == "ready" and t["restarts"] == 0
-    states = [new for _, new in daemon.transitions("vl")]
+    # events.jsonl may lag status.json by a moment: wait for the ready transition there.
+    states = wait_for(lambda: (s := [new for _, new in daemon.transitions("vl")])[2:3] and s,
+                      30, "the ready event")
     assert states[:3] == ["starting", "loading", "ready"], states
     # The launch used the module entry point of the interpreter named in binary:.
     cmd = psutil.Process(t["pid"]).cmdline()
