@@ -190,7 +190,7 @@ class OllamaBackend(Backend):
     # --- readiness: server up, then the model created and loaded ---
 
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
-        async with http.get(f"{self.target.base_url}/api/version") as resp:
+        async with http.get(f"{self.base_url}/api/version") as resp:
             if resp.status != 200:
                 return Probe(Readiness.UNHEALTHY, f"/api/version answered HTTP {resp.status}")
         if self._prepare is None:
@@ -200,7 +200,7 @@ class OllamaBackend(Backend):
             return Probe(Readiness.LOADING, "creating and loading the model")
         if (exc := self._prepare.exception()) is not None:
             return Probe(Readiness.UNHEALTHY, str(exc))
-        async with http.get(f"{self.target.base_url}/api/ps") as resp:
+        async with http.get(f"{self.base_url}/api/ps") as resp:
             models = (await resp.json()).get("models", []) if resp.status == 200 else []
         loaded = next((m for m in models if m.get("name", "").split(":")[0] == self.model_name
                        or m.get("model", "").split(":")[0] == self.model_name), None)
@@ -254,7 +254,7 @@ class OllamaBackend(Backend):
                        sampling: Mapping[str, object]) -> Generation:
         body: dict[str, Any] = {"model": self.model_name, "prompt": prompt, "stream": False,
                                 "options": {"num_predict": max_tokens, **sampling}}
-        async with http.post(f"{self.target.base_url}/api/generate", json=body) as resp:
+        async with http.post(f"{self.base_url}/api/generate", json=body) as resp:
             resp.raise_for_status()
             data = await resp.json()
         return Generation(data.get("response", ""), int(data.get("eval_count", 0)),

@@ -296,7 +296,7 @@ class LlamaCppBackend(Backend):
         return LaunchSpec(tuple(argv), env, secret)
 
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
-        async with http.get(f"{self.target.base_url}/health") as resp:
+        async with http.get(f"{self.base_url}/health") as resp:
             body = await resp.text()
             if resp.status == 200:
                 return Probe(Readiness.READY)
@@ -305,7 +305,7 @@ class LlamaCppBackend(Backend):
             return Probe(Readiness.UNHEALTHY, f"HTTP {resp.status}: {body[:200]}")
 
     async def read_metrics(self, http: aiohttp.ClientSession) -> MetricsSample | None:
-        async with http.get(f"{self.target.base_url}/metrics",
+        async with http.get(f"{self.base_url}/metrics",
                             headers=self.auth_headers()) as resp:
             if resp.status != 200:
                 return None
@@ -318,7 +318,7 @@ class LlamaCppBackend(Backend):
         # /completion reports the server's own generation time and, when drafts ran,
         # draft_n / draft_n_accepted for this request alone.
         body = {"prompt": prompt, "n_predict": max_tokens, "cache_prompt": False, **sampling}
-        async with http.post(f"{self.target.base_url}/completion", json=body,
+        async with http.post(f"{self.base_url}/completion", json=body,
                              headers=self.auth_headers()) as resp:
             resp.raise_for_status()
             data = await resp.json()

@@ -264,7 +264,7 @@ class VllmBackend(Backend):
         return estimate + Estimate(overhead=RUNTIME_ALLOWANCE if on_gpu else 0)
 
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
-        async with http.get(f"{self.target.base_url}/health") as resp:
+        async with http.get(f"{self.base_url}/health") as resp:
             if resp.status == 200:
                 return Probe(Readiness.READY)
             body = (await resp.text())[:200]
@@ -275,7 +275,7 @@ class VllmBackend(Backend):
                          + (f": {body}" if body else ""))
 
     async def read_metrics(self, http: aiohttp.ClientSession) -> MetricsSample | None:
-        async with http.get(f"{self.target.base_url}/metrics") as resp:
+        async with http.get(f"{self.base_url}/metrics") as resp:
             if resp.status != 200:
                 return None
             return parse_metrics(await resp.text())

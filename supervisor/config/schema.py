@@ -11,19 +11,12 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from supervisor.config.paths import default_state_dir
-from supervisor.config.scalars import env_name, strict_scalar
+from supervisor.config.raysettings import RayPlacement, RaySettings
+from supervisor.config.scalars import env_name
+from supervisor.config.strict import Strict as _Strict
 from supervisor.config.units import parse_duration, parse_fraction, parse_size
 from supervisor.errors import SpecfleetError
 
@@ -39,7 +32,7 @@ NgramVariant = Literal["mod", "simple", "map-k", "map-k4v", "cache"]
 METHODS_NEEDING_DRAFT = ("draft", "eagle", "eagle3", "dflash")
 METHODS_WITH_DRAFT_FILE = ("draft", "eagle", "eagle3", "dflash", "mtp")
 METHODS_WITHOUT_MODEL = ("ngram", "suffix")  # draft from the context
-LauncherName = Literal["process", "systemd", "external"]
+LauncherName = Literal["process", "systemd", "external", "ray"]
 
 
 def _argv_item(value: Any) -> Any:
@@ -70,16 +63,6 @@ def _gpus(value: Any) -> Any:
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
         return tuple(value)
     raise ValueError("expected a GPU index, a list of indices such as [0, 1], 'all' or 'none'")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _strict_scalars(cls, value: Any, info: ValidationInfo) -> Any:
-        # No `port: true` as 1, no `enabled: 1` as true (supervisor/config/scalars.py).
-        return strict_scalar(value, cls.model_fields[str(info.field_name)])
 
 
 class Length(_Strict):
@@ -215,6 +198,7 @@ class TargetDefaults(_Strict):
     health: Health | None = None
     tuning: Tuning | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    ray: RayPlacement | None = None
 
 
 class Target(_Strict):
@@ -228,7 +212,8 @@ class Target(_Strict):
         "`specfleet check` lists those installed."))
     launcher: LauncherName = Field(default="process", description=(
         "`process`: a child of the daemon; `systemd`: the unit `specfleet-<name>.service`; "
-        "`external`: a server already running (Ollama), specfleet manages only its model."))
+        "`external`: a server already running (Ollama), specfleet manages only its model; "
+        "`ray`: a detached actor on a node of the Ray cluster (docs/ray.md)."))
     model: str = Field(description=(
         "The model the runtime serves: a GGUF file for llama.cpp; for vLLM and Ollama also a "
         "model directory, repo id or tag."))
@@ -256,6 +241,8 @@ class Target(_Strict):
     tuning: Tuning = Field(default=Tuning(), description="Draft-length autotuning.")
     options: dict[str, Any] = Field(default_factory=dict, description=(
         "Backend-specific settings, checked by the backend (README.md, backend options)."))
+    ray: RayPlacement = Field(default=RayPlacement(), description=(
+        "`launcher: ray` only: the nodes and Ray resources the target may use."))
 
     @property
     def probe_host(self) -> str:
@@ -336,9 +323,11 @@ class Daemon(_Strict):
     gpu: GpuSettings = Field(default=GpuSettings(), description="VRAM planning and the GPU monitor.")
     systemd: SystemdSettings = Field(default=SystemdSettings(), description=(
         "The systemd launcher and the daemon's own unit."))
+    ray: RaySettings = Field(default=RaySettings(), description=(
+        "The Ray cluster of `launcher: ray` targets (docs/ray.md)."))
     stop_targets_on_exit: bool = Field(default=False, description=(
-        "SIGTERM of the daemon also stops targets run by systemd (process targets always stop "
-        "with it); `false`, so that a daemon restart does not reload models."))
+        "SIGTERM of the daemon also stops targets run by systemd or Ray (process targets "
+        "always stop with it); `false`, so that a daemon restart does not reload models."))
 
     @field_validator("api")
     @classmethod

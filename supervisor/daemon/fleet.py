@@ -25,7 +25,7 @@ from supervisor.config.schema import Fleet, Target
 from supervisor.errors import FleetFileError
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer, held_vram
-from supervisor.launcher.base import Launcher
+from supervisor.launcher.base import Launcher, local_pid
 from supervisor.plugin.registry import BackendRegistry
 from supervisor.target.commands import Command
 from supervisor.target.runrecord import RunRecorder
@@ -161,7 +161,8 @@ class FleetSupervisors:
     def running_pids(self) -> dict[str, int]:
         out = {}
         for name, sup in self.supervisors.items():
-            if sup.process is not None and sup.process.returncode is None and sup.process.pid > 0:
+            if sup.process is not None and sup.process.returncode is None \
+                    and local_pid(sup.process) > 0:
                 out[name] = sup.process.pid
             else:
                 sup.resources = {}

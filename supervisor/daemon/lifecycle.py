@@ -38,6 +38,7 @@ from supervisor.gpu.placement import Placer
 from supervisor.launcher.base import Launcher
 from supervisor.launcher.external import ExternalLauncher
 from supervisor.launcher.process import ProcessLauncher
+from supervisor.launcher.ray.launcher import RayLauncher
 from supervisor.launcher.systemd import units
 from supervisor.launcher.systemd.launcher import SystemdLauncher
 from supervisor.plugin.registry import BackendRegistry
@@ -57,6 +58,8 @@ class Daemon:
                                         settings.log_max_bytes, settings.log_backups)
         self.systemd = SystemdLauncher(settings.systemd, self.state_dir)
         self.external = ExternalLauncher()
+        self.ray = RayLauncher(settings.ray, settings.logs.expanduser(), self._target_named,
+                               self._target_event, settings.log_max_bytes, settings.log_backups)
         # Every writer of the state dir reports here instead of raising (a full disk).
         self.state_health = StateDirHealth(self.state_dir, self.emit)
         self.launcher.children.report = self.state_health
@@ -102,6 +105,8 @@ class Daemon:
             if self._uses_systemd(self.fleet):
                 await self.systemd.connect()
                 await self._remove_leftover_units(self.fleet)
+            if any(t.launcher == "ray" for t in self.fleet.targets.values()):
+                await self._remove_leftover_actors(self.fleet)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._signals.put_nowait, sig)
@@ -196,8 +201,23 @@ class Daemon:
     # --- launchers ---
 
     def _launcher_for(self, target: Target) -> Launcher:
-        return {"systemd": self.systemd, "external": self.external}.get(target.launcher,
-                                                                        self.launcher)
+        return {"systemd": self.systemd, "external": self.external,
+                "ray": self.ray}.get(target.launcher, self.launcher)
+
+    def _target_named(self, name: str) -> Target:
+        """The definition a target's supervisor runs (during a reload, the fleet's may be
+        the next one already)."""
+        sup = self.targets.supervisors.get(name)
+        return sup.target if sup is not None else self.fleet.targets[name]
+
+    def _target_event(self, target: str, reason: str) -> None:
+        self.events.emit(Event(target, "placement", reason))
+
+    async def _remove_leftover_actors(self, fleet: Fleet) -> None:
+        keep = {n for n, t in fleet.targets.items() if t.launcher == "ray"}
+        for actor in await self.ray.remove_leftovers(keep):
+            self.emit("daemon", f"stopped the Ray actor {actor}: its target is no longer in "
+                      "the fleet file (or no longer uses launcher: ray)")
 
     def _uses_systemd(self, fleet: Fleet) -> bool:
         """Targets on systemd, or target units left from an earlier fleet file (which must be
@@ -220,6 +240,8 @@ class Daemon:
     async def _after_reload(self, new: Fleet) -> None:
         if self.systemd.connected:
             await self._remove_leftover_units(new)
+        if self.ray.cluster.connected:
+            await self._remove_leftover_actors(new)
 
     # --- the HTTP side ---
 

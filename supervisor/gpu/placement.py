@@ -64,8 +64,10 @@ def make_plan(backends: Mapping[str, Backend], snapshot: nvml.GpuSnapshot,
     devices, source = devices_from(snapshot, settings, ours)
     demands, estimates, on_gpu = [], {}, {}
     for name, backend in backends.items():
-        if backend.target.launcher == "external":
-            continue  # a server already running: its memory is in the readings already
+        if backend.target.launcher in ("external", "ray"):
+            # external: a server already running, its memory is in the readings already;
+            # ray: another machine's GPUs, which Ray counts (docs/ray.md).
+            continue
         gpu = bool(devices) and backend.target.gpus != "none"
         on_gpu[name] = gpu
         try:

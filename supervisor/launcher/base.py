@@ -49,3 +49,16 @@ class Launcher(Protocol):
 
     def sweep_orphans(self) -> list[str]:
         """Kill what a previous daemon that died uncleanly left running; say what was killed."""
+
+
+def location(proc: RunningProcess) -> dict[str, str]:
+    """Where a process runs when a launcher places it on another machine (a Ray node):
+    {"node": name, "node_id": id, "address": IP}; {} for a process on this machine. An
+    optional attribute, so that launchers without nodes need not say anything."""
+    return dict(getattr(proc, "location", None) or {})
+
+
+def local_pid(proc: RunningProcess) -> int:
+    """The pid to read in this machine's /proc (CPU time, memory), or 0 when the process
+    runs on another machine and its pid means nothing here."""
+    return proc.pid if getattr(proc, "pid_is_local", True) else 0

@@ -141,6 +141,18 @@ class Backend:
 
     def __init__(self, target: Target) -> None:
         self.target = target
+        # The address of the machine the runtime runs on, when that is not where the
+        # fleet file says (a Ray node): probes, counters and the proxy go there.
+        self.node_address: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        """Where the runtime answers: the target's address, or its node's."""
+        if self.node_address is None or self.target.host not in ("0.0.0.0", "", "*", "::"):
+            return self.target.base_url  # a loopback or specific bind is reached as written
+        host = self.node_address
+        return f"http://[{host}]:{self.target.port}" if ":" in host \
+            else f"http://{host}:{self.target.port}"
 
     # --- static checks (specfleet check, and before every start) ---
 
@@ -314,7 +326,7 @@ class Backend:
                                  max_tokens: int, sampling: Mapping[str, object]) -> Generation:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **sampling}
         started = time.perf_counter()
-        async with http.post(f"{self.target.base_url}/v1/completions", json=body,
+        async with http.post(f"{self.base_url}/v1/completions", json=body,
                              headers=self.auth_headers()) as resp:
             resp.raise_for_status()
             data = await resp.json()

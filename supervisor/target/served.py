@@ -13,6 +13,7 @@ from typing import Any
 
 from supervisor.config.schema import Target
 from supervisor.events import Event
+from supervisor.launcher.base import RunningProcess, location
 from supervisor.plugin.backend import Backend
 from supervisor.target.commands import Command
 from supervisor.target.requests import ProxyRequests
@@ -24,6 +25,7 @@ class ServedTargetMixin:
     backend: Backend
     requests: ProxyRequests
     state: State
+    placement: dict[str, Any]  # GPUs from the VRAM plan; the node under launcher: ray
     last_event: Event | None
     # Whether the owner means to run the target (False once it gave up, stopped or detached):
     # a request for a target that will not come back by itself is refused at once.
@@ -39,7 +41,15 @@ class ServedTargetMixin:
 
     @property
     def base_url(self) -> str:
-        return self.target.base_url
+        return self.backend.base_url  # the node's address under a launcher that places it
+
+    def _follow(self, proc: RunningProcess) -> None:
+        """Probes, counters, the proxy and the run record follow the process to its node."""
+        where = location(proc)
+        self.backend.node_address = where.get("address")
+        self.placement = {k: v for k, v in self.placement.items()
+                          if k not in ("node", "node_id", "address", "node_gpus")}
+        self.placement.update(where)
 
     def state_name(self) -> str:
         return self.state.value

@@ -21,7 +21,7 @@ from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
-from supervisor.launcher.base import Launcher, RunningProcess
+from supervisor.launcher.base import Launcher, RunningProcess, local_pid
 from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
 from supervisor.target import restart_policy
 from supervisor.target.commands import Command, Next, Phase, Request, is_planned_restart, next_step
@@ -124,7 +124,7 @@ class TargetSupervisor(ServedTargetMixin):
         alive = self.process is not None and self.process.returncode is None
         window = self.tuner.window.stats()  # once: both views below read it
         return TargetStatus(
-            name=self.name, backend=self.target.backend, endpoint=self.target.base_url,
+            name=self.name, backend=self.target.backend, endpoint=self.base_url,
             model=self.target.model, state=self.state.value, since=self.since,
             pid=self.process.pid if alive and self.process else None,
             started_at=self.started_at, restarts=self.restarts,
@@ -287,6 +287,7 @@ class TargetSupervisor(ServedTargetMixin):
             adopted, why = await self.launcher.adopt(self.name, spec, stop_grace=grace)
             if adopted is not None:
                 self.process, self.started_at, self.failure_output = adopted, time.time(), None
+                self._follow(adopted)
                 self._set_state(State.LOADING, why, pid=adopted.pid, adopted=True)
                 return adopted
             if why:
@@ -295,6 +296,7 @@ class TargetSupervisor(ServedTargetMixin):
                                          on_line=self.backend.on_output)
         self.process, self.started_at, self.failure_output = proc, time.time(), None
         self.metrics = None  # the previous process's counters are not this one's
+        self._follow(proc)
         self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
         if self.records is not None:
             spec_view = {"method": self.target.speculation.method,
@@ -322,7 +324,7 @@ class TargetSupervisor(ServedTargetMixin):
         """Until the process exits, looks hung, or a command stops it."""
         health = HealthWatch(self.target.health, lambda: self.backend.probe(self.http),
                              lambda: self.state, self._set_state, self.clock,
-                             lambda: tree_cpu_seconds(proc.pid))
+                             lambda: tree_cpu_seconds(local_pid(proc)))
         exit_task = asyncio.create_task(proc.wait())
         health_task = asyncio.create_task(
             health.run(lambda: time.time() - (self.started_at or time.time())))

@@ -1,0 +1,126 @@
+"""The daemon's connection to the Ray cluster: connect, read the nodes, create and find the
+targets' actors, kill them. Thin I/O around Ray's blocking calls, which run in threads so
+that the event loop never waits on the cluster.
+
+Ray is an optional extra (`pip install 'specfleet[ray]'`): it is imported here, at the
+first use, and a daemon without `launcher: ray` targets never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import ModuleType
+from typing import Any
+
+from supervisor.config.raysettings import RaySettings
+from supervisor.errors import SpecfleetError
+from supervisor.launcher.ray import actor as actor_module
+from supervisor.launcher.ray.placement import NodeView, nodes_from
+
+ACTOR_PREFIX = "specfleet/"
+
+
+def import_ray() -> ModuleType:
+    try:
+        import ray
+    except ImportError:
+        raise SpecfleetError("launcher: ray needs the ray package: pip install "
+                             "'specfleet[ray]' (the same Ray version as the cluster's)") from None
+    return ray
+
+
+def actor_name(target: str) -> str:
+    return f"{ACTOR_PREFIX}{target}"
+
+
+class RayCluster:
+    def __init__(self, settings: RaySettings) -> None:
+        self.settings = settings
+        self._ray: ModuleType | None = None
+        self._actor_class: Any = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def connected(self) -> bool:
+        return self._ray is not None
+
+    @property
+    def ray(self) -> ModuleType:
+        assert self._ray is not None, "connect() first"
+        return self._ray
+
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """What a call on a dead or unreachable actor raises."""
+        return (self.ray.exceptions.RayError,)
+
+    async def connect(self) -> None:
+        async with self._lock:
+            if self._ray is None:
+                ray = import_ray()
+                await asyncio.to_thread(self._init, ray)
+                self._ray = ray
+
+    def _init(self, ray: ModuleType) -> None:
+        # In a thread: ray.init then leaves the daemon's SIGTERM handling alone (it installs
+        # its own handler only from the main thread).
+        address = None if self.settings.address == "local" else self.settings.address
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, namespace=self.settings.namespace,
+                         log_to_driver=False, include_dashboard=False if address is None
+                         else None, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise SpecfleetError(f"cannot reach the Ray cluster at daemon.ray.address "
+                                 f"{self.settings.address}: {exc}") from None
+        # Ship actor.py by value: the nodes need Ray, not specfleet.
+        ray.cloudpickle.register_pickle_by_value(actor_module)
+        self._actor_class = ray.remote(actor_module.TargetActor)
+
+    async def nodes(self) -> list[NodeView]:
+        def read() -> list[NodeView]:
+            # No public per-node "available" call without the dashboard's state API.
+            from ray._private import state
+            return nodes_from(self.ray.nodes(), state.available_resources_per_node())
+        return await asyncio.to_thread(read)
+
+    def create_actor(self, target: str, node_id: str, num_gpus: int, num_cpus: float,
+                     resources: dict[str, float]) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        # Detached: the actor outlives the daemon, to be adopted. No restarts by Ray: the
+        # restart policy, backoff and give-up are specfleet's.
+        return self._actor_class.options(
+            name=actor_name(target), namespace=self.settings.namespace, lifetime="detached",
+            max_restarts=0, max_task_retries=0, num_gpus=num_gpus, num_cpus=num_cpus,
+            resources=resources or None,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(target)
+
+    async def find_actor(self, target: str) -> Any | None:
+        def get() -> Any | None:
+            try:
+                return self.ray.get_actor(actor_name(target), namespace=self.settings.namespace)
+            except ValueError:  # no such actor
+                return None
+        return await asyncio.to_thread(get)
+
+    async def discard(self, handle: Any, timeout: float = 10.0) -> None:
+        """Kill an actor and wait until Ray has it dead (its name and resources free)."""
+        with contextlib.suppress(*self.errors):
+            await asyncio.to_thread(self.ray.kill, handle, no_restart=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            try:
+                await asyncio.wait_for(handle.ping.remote(), 1.0)
+            except self.errors:
+                return
+            except TimeoutError:
+                pass
+            await asyncio.sleep(0.2)
+
+    async def our_actors(self) -> list[str]:
+        """Targets that have an actor in our namespace."""
+        names = await asyncio.to_thread(self.ray.util.list_named_actors)
+        return sorted(n[len(ACTOR_PREFIX):] for n in names if n.startswith(ACTOR_PREFIX))

@@ -1,0 +1,203 @@
+"""`launcher: ray`: each target is a detached actor `specfleet/<target>` on a node of a Ray
+cluster, holding the runtime as its child (launcher/ray/actor.py); docs/ray.md.
+
+Placement is specfleet's: the node is chosen from the fleet file's preference list and
+the cluster's free resources (launcher/ray/placement.py), and the actor is pinned there
+(node affinity, not soft). Before the runtime starts, the model files are checked on that
+node. Actors outlive the daemon; a new daemon adopts one that still runs the command it
+would start (same pid: no second server on the port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from supervisor.config.raysettings import RaySettings
+from supervisor.config.schema import Target
+from supervisor.errors import SpecfleetError
+from supervisor.launcher.process import OutputLog
+from supervisor.launcher.ray.cluster import RayCluster, actor_name
+from supervisor.launcher.ray.placement import Choice, NodeView, choose, demand
+from supervisor.launcher.ray.process import RayProcess
+from supervisor.plugin.backend import LaunchSpec
+
+_SUSPECT_FOR = 120.0  # seconds a node that lost an actor of ours is tried last
+
+
+def num_gpus(target: Target) -> int:
+    """GPUs Ray gives the actor: as many as the fleet file lists (Ray picks which ones on
+    the node and sets CUDA_VISIBLE_DEVICES; indices in the file are not the node's)."""
+    if target.gpus is None or target.gpus == "none":
+        return 0
+    if target.gpus == "all":
+        raise SpecfleetError(f"target '{target.name}': gpus: all has no meaning on a Ray "
+                             "cluster; list as many indices as it needs, such as [0, 1]")
+    return len(target.gpus)
+
+
+def fingerprint(spec: LaunchSpec, target: Target) -> str:
+    """What the running actor must match to be adopted: the command and where it may run."""
+    env = {k: v for k, v in spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    text = json.dumps([list(spec.argv), env, spec.cwd, target.ray.model_dump(mode="json"),
+                       num_gpus(target)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def node_files(target: Target) -> tuple[dict[str, str], dict[str, int]]:
+    """Model files to check on the node (absolute paths only: a repo id or an Ollama tag is
+    not a file), and their sizes where the daemon's machine has them too."""
+    files, sizes = {}, {}
+    for role, ref in (("model", target.model), ("draft", target.speculation.draft)):
+        path = os.path.expanduser(ref) if ref else ""
+        if path.startswith("/"):
+            files[role] = path
+            if os.path.isfile(path):
+                sizes[role] = os.path.getsize(path)
+    return files, sizes
+
+
+class RayLauncher:
+    name = "ray"
+    detaches = True  # actors keep running when the daemon exits (unless stop_targets_on_exit)
+
+    def __init__(self, settings: RaySettings, log_dir: Path, target_of: Callable[[str], Target],
+                 emit: Callable[[str, str], None] | None = None,
+                 max_bytes: int = 10 * 1024 * 1024, backups: int = 3) -> None:
+        self.cluster = RayCluster(settings)
+        self.settings = settings
+        self.log_dir = log_dir
+        self.target_of = target_of
+        self.emit = emit  # (target, reason): an event, such as a move to another node
+        self.max_bytes, self.backups = max_bytes, backups
+        self._last_node: dict[str, str] = {}  # target -> the node it last ran on (described)
+        self._suspect: dict[str, float] = {}  # node id -> when it lost an actor of ours
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def sweep_orphans(self) -> list[str]:
+        return []  # actors are adopted or removed (remove_leftovers), never orphans
+
+    def _node_lost(self, node_id: str) -> None:
+        self._suspect[node_id] = time.monotonic()
+
+    def _suspects(self) -> frozenset[str]:
+        now = time.monotonic()
+        return frozenset(n for n, t in self._suspect.items() if now - t < _SUSPECT_FOR)
+
+    async def _place(self, target: Target) -> Choice:
+        await self.cluster.connect()
+        need = demand(num_gpus(target), target.ray.num_cpus, target.ray.resources)
+        choice = choose(await self.cluster.nodes(), target.ray.nodes, need, self._suspects())
+        if isinstance(choice, str):
+            raise SpecfleetError(f"target '{target.name}' cannot run on the Ray cluster: {choice}")
+        return choice
+
+    def _process(self, name: str, handle: object, pid: int, where: dict[str, object],
+                 choice: Choice, on_line: Callable[[str], None] | None, seq: int = 0,
+                 ) -> RayProcess:
+        node = choice.node.describe(choice.name)
+        self._last_node[name] = node
+        location = {"node": node, "node_id": choice.node.node_id,
+                    "address": str(where.get("address") or choice.node.address)}
+        if where.get("gpus"):
+            location["node_gpus"] = str(where["gpus"])
+        log = OutputLog(self.log_path(name), self.max_bytes, self.backups)
+        return RayProcess(self.cluster, handle, pid, location, log, on_line, seq,
+                          pid_is_local=_is_this_machine(str(location["address"])),
+                          on_node_lost=self._node_lost)
+
+    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
+                    on_line: Callable[[str], None] | None = None) -> RayProcess:
+        target = self.target_of(name)
+        choice = await self._place(target)
+        node = choice.node.describe(choice.name)
+        previous = self._last_node.get(name)
+        if previous is not None and previous != node and self.emit is not None:
+            self.emit(name, f"moved from node {previous} to node {node}")
+        if (old := await self.cluster.find_actor(name)) is not None:
+            await self.cluster.discard(old)  # a dead or stale actor still holds the name
+        handle = self.cluster.create_actor(name, choice.node.node_id, num_gpus(target),
+                                           target.ray.num_cpus, dict(target.ray.resources))
+        try:
+            where = await asyncio.wait_for(handle.where.remote(), self.settings.connect_timeout)
+            files, sizes = node_files(target)
+            problems = await handle.check_files.remote(files, sizes)
+            if problems:
+                raise SpecfleetError(f"on node {node}: " + "; ".join(problems))
+            pid = await handle.start.remote(list(spec.argv), dict(spec.env), spec.cwd,
+                                            fingerprint(spec, target))
+        except TimeoutError:
+            await self.cluster.discard(handle)
+            raise SpecfleetError(f"Ray did not place the actor {actor_name(name)} on node "
+                                 f"{node} within {self.settings.connect_timeout:g} s") from None
+        except BaseException:
+            await self.cluster.discard(handle)
+            raise
+        proc = self._process(name, handle, pid, where, choice, on_line)
+        proc.note(f"--- specfleet: starting on node {node}: {spec.shell_line()} ---")
+        return proc
+
+    async def adopt(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> tuple[RayProcess | None, str]:
+        """The target's actor if it still runs the command specfleet would start now."""
+        target = self.target_of(name)
+        await self.cluster.connect()
+        handle = await self.cluster.find_actor(name)
+        if handle is None:
+            return None, ""
+        try:
+            state = await asyncio.wait_for(handle.state.remote(), 10)
+            where = await asyncio.wait_for(handle.where.remote(), 10)
+        except (TimeoutError, *self.cluster.errors):
+            await self.cluster.discard(handle)
+            return None, f"{actor_name(name)} did not answer: replaced by a new one"
+        if state["returncode"] is not None or not state["pid"]:
+            await self.cluster.discard(handle)
+            return None, ""
+        if state["fingerprint"] != fingerprint(spec, target):
+            with contextlib.suppress(TimeoutError, *self.cluster.errors):
+                await asyncio.wait_for(handle.stop.remote(stop_grace), stop_grace + 10)
+            await self.cluster.discard(handle)
+            return None, (f"{actor_name(name)} was running another command (the fleet file or "
+                          "a tuning decision changed while specfleet was down): restarted "
+                          "with this one")
+        choice = _choice_for(await self.cluster.nodes(), str(where["node_id"]), target)
+        proc = self._process(name, handle, int(state["pid"]), where, choice, None,
+                             int(state["seq"]))
+        return proc, (f"adopted {actor_name(name)} on node {proc.location['node']}, still "
+                      f"running (pid {proc.pid})")
+
+    async def remove_leftovers(self, keep: set[str]) -> list[str]:
+        """Stop the actors of targets no longer run by Ray in the fleet file."""
+        await self.cluster.connect()
+        removed = []
+        for target in await self.cluster.our_actors():
+            if target not in keep and (handle := await self.cluster.find_actor(target)):
+                await self.cluster.discard(handle)
+                removed.append(actor_name(target))
+        return removed
+
+
+def _choice_for(nodes: list[NodeView], node_id: str, target: Target) -> Choice:
+    """How to name an adopted actor's node: by the fleet file's name for it if it has one."""
+    node = next((n for n in nodes if n.node_id == node_id),
+                NodeView(node_id, "", "", alive=True))
+    name = next((p for p in target.ray.nodes if node.matches(p)), None)
+    return Choice(node, name or (node.custom_resources() or [node.hostname or node_id[:8]])[0])
+
+
+def _is_this_machine(address: str) -> bool:
+    """Whether a node address is one of this machine's (a node started here)."""
+    if address.startswith("127.") or address == "::1":
+        return True
+    return any(a.address == address for addrs in psutil.net_if_addrs().values() for a in addrs)
