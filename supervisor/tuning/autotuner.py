@@ -21,6 +21,7 @@ from supervisor.plugin.backend import Backend, MetricsSample, RuntimeInfo
 from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.load import LoadWindows
+from supervisor.tuning.mix import summary
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
 from supervisor.tuning.variants import allowed_variants, search
 from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
@@ -101,7 +102,7 @@ class AutoTuner:
                       "measured again", old_key=self.memory.baseline_key, new_key=key)
         # Measure again from scratch: whatever was concluded against the old baseline is void.
         self._remember(replace(self.memory, phase=SPECULATING, baseline_tps=None,
-                               baseline_key=key, measured={}))
+                               baseline_by_load={}, baseline_key=key, measured={}))
 
     def observe(self, sample: MetricsSample, proxy_peak: int = 0) -> str | None:
         """Add a metrics sample (`proxy_peak`: the most requests the proxy had in flight to
@@ -126,7 +127,8 @@ class AutoTuner:
             self._remember(replace(self.memory, measured={}, variants={}))
         if self._pending is None:
             decision = plan(self.memory, self.window.stats(), self.target.tuning, self.bounds(),
-                            now, self._drifted)
+                            now, self._drifted,
+                            summary(self.by_load.stats(), self.target.tuning.min_tokens))
             decision = search(decision, self.variant or "", self.variants_allowed,
                               self.target.tuning, now)
             if decision is not None and decision.action == "keep":
@@ -175,6 +177,7 @@ class AutoTuner:
         return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
                 "variant": self.variant, "variants_measured": m.variants,
                 "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
+                "baseline_by_load": {b: round(t, 2) for b, t in m.baseline_by_load.items()},
                 "window": (stats or self.window.stats()).to_dict(),
                 "pending": self._pending.reason if self._pending else None,
                 "last_decision": m.last_decision}

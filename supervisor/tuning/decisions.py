@@ -15,8 +15,12 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
   measured speedup; when only one length has been measured and the model prefers
   another by less than `min_gain` but at least half of it, that one is tried once
   ("explore"), so that the cost model is fitted on two points instead of assumed. A drift clears the
-  measurements: the workload they describe is gone.
-`plan` is a pure function of the memory, the window and the clock.
+  measurements: the workload they describe is gone;
+- where there is evidence by load (the server's throughput per concurrency bucket, with
+  the baseline's per bucket), a length is judged by its speedup over the observed mix of
+  loads (tuning/mix.py), not by the ratio of per-request speeds, which mixes loads:
+  a request is slower when seven others share the server, whatever the setting.
+`plan` is a pure function of the memory, the window, the load summary and the clock.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from supervisor.config.schema import Tuning
-from supervisor.tuning.speedup import Evidence, choose, measurement
+from supervisor.tuning.mix import MixJudgement, Summary, judge, over_mix
+from supervisor.tuning.speedup import Evidence, Measurement, choose, measurement
 from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
 from supervisor.tuning.window import WindowStats
 
@@ -51,12 +56,14 @@ def _r(x: float | None, n: int = 3) -> float | None:
 
 
 def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
-         now: float, drift: bool) -> Decision | None:
-    """The next tuning action for a target, or None to keep the current setting."""
+         now: float, drift: bool, load: Summary | None = None) -> Decision | None:
+    """The next tuning action for a target, or None to keep the current setting.
+    `load`: the window's evidence by load bucket (tuning/mix.summary), if any."""
+    load = load or {}
     if memory.phase == BASELINE:
         if stats.tokens < settings.min_tokens or not stats.tokens_per_second:
             return None
-        return _baseline_done(memory, stats, settings, bounds, now)
+        return _baseline_done(memory, stats, settings, bounds, now, load)
     if memory.phase == OFF:
         if memory.last_change is not None and now - memory.last_change < settings.reprobe:
             return None
@@ -69,8 +76,9 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
         if stats.tokens < settings.min_tokens or (
                 stats.drafts < settings.min_steps and stats.tokens < 4 * settings.min_tokens):
             return None
+        before = {**asdict(stats), "load": {b: list(v) for b, v in load.items()}}
         return Decision("baseline", replace(memory, phase=BASELINE, last_change=now,
-                                            before_baseline=asdict(stats)),
+                                            before_baseline=before),
                         "no baseline for this model and runtime yet: measuring throughput "
                         f"without speculation for {settings.min_tokens} tokens",
                         {"evidence": stats.to_dict()})
@@ -79,20 +87,24 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
     if (not drift and memory.last_change is not None
             and now - memory.last_change < settings.cooldown):
         return None
-    return evaluate(memory, stats, settings, bounds, now, drift)
+    return evaluate(memory, stats, settings, bounds, now, drift, load)
 
 
 def _baseline_done(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
-                   now: float) -> Decision:
+                   now: float, load: Summary) -> Decision:
     tps = stats.tokens_per_second or 0.0
     raw_before = memory.before_baseline
+    by_load = {b: throughput for b, (_, throughput) in load.items()}
     memory = replace(memory, phase=SPECULATING, baseline_tps=tps, last_change=now,
-                     before_baseline=None)
+                     before_baseline=None, baseline_by_load=by_load)
     said = f"baseline measured: {tps:.1f} tokens/s without speculation over {stats.tokens} tokens"
-    data = {"baseline_tps": _r(tps), "baseline_evidence": stats.to_dict()}
+    data = {"baseline_tps": _r(tps), "baseline_evidence": stats.to_dict(),
+            "baseline_by_load": {b: _r(t, 2) for b, t in by_load.items()}}
     before = _usable_window(raw_before, settings)
     if before is not None:
-        verdict = evaluate(memory, before, settings, bounds, now, False)
+        before_load = {b: (int(n), float(t))
+                       for b, (n, t) in (raw_before or {}).get("load", {}).items()}
+        verdict = evaluate(memory, before, settings, bounds, now, False, before_load)
         if verdict.action == "disable":
             return Decision("disable", verdict.memory, f"{said}; {verdict.reason}",
                             {**verdict.data, **data})
@@ -108,19 +120,23 @@ def _usable_window(raw: dict[str, Any] | None, settings: Tuning) -> WindowStats 
     """The with-speculation window recorded before the baseline run, if it is evidence enough."""
     if raw is None:
         return None
+    raw = {k: v for k, v in raw.items() if k != "load"}
     stats = WindowStats(**{**raw, "per_position_rate": tuple(raw.get("per_position_rate", ()))})
     return stats if stats.drafts >= settings.min_steps and stats.tokens_per_second else None
 
 
 def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
-             now: float, drift: bool) -> Decision:
+             now: float, drift: bool, load: Summary | None = None) -> Decision:
     """Judge the current length on `stats` against the baseline: disable, retune, explore or keep."""
     assert memory.baseline_tps is not None and stats.tokens_per_second
+    mix = judge(load or {}, memory.baseline_by_load)
     ev = Evidence(bounds.current, stats.per_position_rate, stats.draft_fraction,
                   stats.mean_draft_size or float(bounds.current), stats.tokens_per_second,
-                  memory.baseline_tps)
+                  memory.baseline_tps, mix.speedup if mix else None,
+                  mix.by_load if mix else {})
     low, high = (bounds.low, bounds.high) if bounds.tunable else (bounds.current, bounds.current)
-    choice = choose(ev, low, high, settings.off_margin, memory.measurements())
+    earlier = _reweighed(memory.measurements(), mix)
+    choice = choose(ev, low, high, settings.off_margin, earlier)
     measured = {**memory.measured, str(bounds.current): asdict(measurement(ev))}
     memory = replace(memory, measured=measured)
     data = {"old_length": bounds.current, "new_length": choice.length,
@@ -129,9 +145,11 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
             "predicted_gain": _r(choice.gain), "draft_cost": _r(choice.draft_cost),
             "step_overhead": _r(choice.overhead), "decay": _r(choice.decay),
             "baseline_tps": _r(memory.baseline_tps), "drift": drift,
-            "measured": {k: _r(v["speedup"])
-                         for k, v in sorted(measured.items(), key=lambda x: int(x[0]))},
+            "measured": {str(k): _r(v.speedup) for k, v in
+                         sorted({**earlier, bounds.current: measurement(ev)}.items())},
             "evidence": stats.to_dict()}
+    if mix is not None:
+        data["by_load"] = mix.to_dict()
     if choice.length is None:
         best = max(choice.predictions.values())
         return Decision("disable", replace(memory, phase=OFF, last_change=now, last_decision=data),
@@ -162,3 +180,13 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
     return Decision("keep", replace(memory, last_decision=data),
                     f"keeping draft length {bounds.current}: {choice.current_speedup:.2f}x "
                     f"measured, best alternative {choice.predicted_speedup:.2f}x", data)
+
+
+def _reweighed(measured: dict[int, Measurement],
+               mix: MixJudgement | None) -> dict[int, Measurement]:
+    """Lengths measured earlier, their speedups taken over today's mix of loads (a bucket a
+    length was not measured at takes that length's own overall speedup)."""
+    if mix is None:
+        return measured
+    return {k: replace(m, speedup=over_mix(m.by_load, mix.weights, m.speedup))
+            if m.by_load else m for k, m in measured.items()}

@@ -39,6 +39,10 @@ class Evidence:
     mean_draft_size: float
     tokens_per_second: float
     baseline_tokens_per_second: float
+    # Judged over the mix of loads (tuning/mix.py), when there is evidence by load; else
+    # the speedup is the ratio of per-request speeds.
+    mix_speedup: float | None = None
+    by_load: dict[str, float] = field(default_factory=dict)  # speedup per load bucket
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Measurement:
     draft_fraction: float
     mean_draft_size: float
     accepted_per_draft: float  # mean accepted tokens per drafted step
+    by_load: dict[str, float] = field(default_factory=dict)  # speedup per load bucket
 
     @property
     def step_cost(self) -> float:
@@ -103,8 +108,10 @@ def expected_accepted(rates: tuple[float, ...], length: int, decay: float) -> fl
 
 
 def measurement(ev: Evidence) -> Measurement:
-    return Measurement(ev.tokens_per_second / ev.baseline_tokens_per_second, ev.draft_fraction,
-                       ev.mean_draft_size, sum(ev.per_position_rate[:ev.length]))
+    speedup = (ev.mix_speedup if ev.mix_speedup is not None
+               else ev.tokens_per_second / ev.baseline_tokens_per_second)
+    return Measurement(speedup, ev.draft_fraction, ev.mean_draft_size,
+                       sum(ev.per_position_rate[:ev.length]), dict(ev.by_load))
 
 
 def fit_cost(points: list[Measurement]) -> tuple[float, float]:

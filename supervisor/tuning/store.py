@@ -22,6 +22,8 @@ class TunerMemory:
     phase: str = SPECULATING  # speculating | baseline (measuring without) | off
     baseline_tps: float | None = None
     baseline_key: str | None = None  # model file and runtime build the baseline belongs to
+    # Server throughput without speculation per load bucket (tuning/mix.py), same key.
+    baseline_by_load: dict[str, float] = field(default_factory=dict)
     last_change: float | None = None  # wall clock of the last applied decision
     last_decision: dict[str, Any] | None = None
     # Speedups measured at each length in the current workload regime (JSON keys: str).
@@ -65,7 +67,8 @@ class TuningStore:
             # Different method, draft or model: tuned lengths do not carry over; a
             # baseline of the same model and runtime does (baseline_key guards it).
             return TunerMemory(fingerprint, baseline_tps=memory.baseline_tps,
-                               baseline_key=memory.baseline_key)
+                               baseline_key=memory.baseline_key,
+                               baseline_by_load=memory.baseline_by_load)
         return memory
 
     def save(self, name: str, memory: TunerMemory) -> None:

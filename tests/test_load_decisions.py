@@ -1,0 +1,128 @@
+"""Decisions by load: a setting judged by its speedup over the observed mix of loads.
+
+The numbers mirror benchmarks/load_phases.py's sweep on llama-server (gemma-3-270m,
+repetitive code): ngram-mod n-max 64 is ~2.7x speculation off for one client and ~0.97x
+for eight, n-max 16 ~2.1x and ~1.2x. Which one is best depends on how the server's
+time is split between the two loads, and the per-request speeds alone cannot say (a
+request is three times slower with seven others beside it, whatever the setting).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from supervisor.config.schema import Tuning
+from supervisor.tuning.decisions import Bounds, evaluate, plan
+from supervisor.tuning.load import LoadWindows
+from supervisor.tuning.mix import judge, over_mix, summary, time_weights
+from supervisor.tuning.speedup import Measurement
+from supervisor.tuning.store import BASELINE, TunerMemory
+from supervisor.tuning.window import Delta, WindowStats
+
+SETTINGS = Tuning(min_tokens=400, min_steps=20, cooldown=60, reprobe=600)
+OFF = {"1": 52.0, "8+": 143.0}  # server tokens/s without speculation, per bucket
+MOD64 = {"1": 142.0, "8+": 139.0}
+MOD16 = {"1": 109.0, "8+": 172.0}
+
+
+def window(tokens=2000, seconds=40.0, drafts=200, rates=(0.9, 0.8, 0.7, 0.6)) -> WindowStats:
+    accepted = round(drafts * sum(rates))
+    return WindowStats(drafts=drafts, draft_tokens=drafts * len(rates), accepted=accepted,
+                       tokens=tokens, seconds=seconds, per_position_rate=rates, deltas=9)
+
+
+def load(setting: dict[str, float], tokens: dict[str, int]) -> dict[str, tuple[int, float]]:
+    return {b: (n, setting[b]) for b, n in tokens.items()}
+
+
+def test_the_speedup_over_a_mix_weighs_each_load_by_its_time_without_speculation():
+    j = judge(load(MOD16, {"1": 576, "8+": 2304}), OFF)
+    assert j.by_load == pytest.approx({"1": 109 / 52, "8+": 172 / 143})
+    t1, t8 = 576 / 52, 2304 / 143
+    assert j.weights == pytest.approx({"1": t1 / (t1 + t8), "8+": t8 / (t1 + t8)})
+    # The same tokens take (576/109 + 2304/172) s with speculation, (576/52 + 2304/143) without.
+    assert j.speedup == pytest.approx((t1 + t8) / (576 / 109 + 2304 / 172))
+
+
+def test_no_judgement_by_load_when_the_baseline_saw_too_little_of_the_mix():
+    # The baseline run only ever had one request at a time; most tokens now come at 8+.
+    assert judge(load(MOD16, {"1": 500, "8+": 2000}), {"1": 52.0}) is None
+    assert judge(load(MOD16, {"1": 1500, "8+": 500}), {"1": 52.0}) is not None
+    assert judge({}, OFF) is None
+
+
+def test_a_bucket_needs_a_share_of_min_tokens_to_count_as_evidence():
+    windows = LoadWindows()
+    windows.add(Delta(1.0, 10, 40, 30, (10, 8, 7, 5), 300, 3.0), running=1)
+    windows.busy(1.0, 1, 3.0)
+    windows.add(Delta(2.0, 2, 8, 4, (2, 1, 1, 0), 40, 1.0), running=8)
+    windows.busy(2.0, 8, 1.0)
+    assert set(summary(windows.stats(), 400)) == {"1"}  # 40 tokens < 100
+    assert summary(windows.stats(), 400)["1"] == (300, pytest.approx(100.0))
+    assert set(summary(windows.stats(), 100)) == {"1", "8+"}
+
+
+def test_mix_helpers_handle_missing_values():
+    assert time_weights({"1": 0, "8+": 10}, {"8+": 5.0}) == {"8+": 1.0}
+    assert over_mix({}, {}, 1.3) == 1.3
+    assert over_mix({"1": 2.0}, {"1": 0.5, "8+": 0.5}, 1.0) == pytest.approx(1 / 0.75)
+
+
+def measured_at(length: int, setting: dict[str, float], tokens: dict[str, int]) -> dict:
+    j = judge(load(setting, tokens), OFF)
+    return asdict(Measurement(j.speedup, 1.0, float(length), 3.0, j.by_load))
+
+
+@pytest.mark.parametrize(("tokens", "best"), [
+    ({"1": 2304, "8+": 576}, 64),   # mostly one client: the long drafts pay
+    ({"1": 576, "8+": 2304}, 16),   # mostly eight clients: the short ones
+])
+def test_the_length_with_the_best_throughput_over_the_observed_mix_wins(tokens, best):
+    # Both lengths were measured earlier, at an even mix; today's mix decides.
+    even = {"1": 1000, "8+": 1000}
+    memory = TunerMemory("x", baseline_tps=60.0, baseline_by_load=OFF, length=64,
+                         measured={"16": measured_at(16, MOD16, even)})
+    bounds = Bounds(current=64, low=16, high=64, tunable=True)
+    d = evaluate(memory, window(), SETTINGS, bounds, 1000.0, False, load(MOD64, tokens))
+    measured = d.data["measured"]  # both lengths, over today's mix
+    if best == 64:
+        assert d.action == "keep" and measured["64"] > measured["16"]
+    else:  # towards the short end (the cost model places the best between the two)
+        assert d.action == "retune" and d.data["new_length"] < 64
+        assert measured["16"] > measured["64"]
+    assert d.data["by_load"]["by_load"] == pytest.approx(
+        {b: round(MOD64[b] / OFF[b], 3) for b in tokens}, abs=1e-3)
+    stored = d.memory.measured["64"]
+    assert stored["by_load"] == pytest.approx({b: MOD64[b] / OFF[b] for b in tokens})
+
+
+def test_per_request_speeds_mislead_under_mixed_load_and_the_mix_corrects_it():
+    # The baseline ran while one client was on; speculation was then measured while eight
+    # were: per request it looks 0.35x (18 vs 52 tok/s), yet the server does 1.2x as much.
+    memory = TunerMemory("x", baseline_tps=52.0, baseline_by_load=OFF, length=16)
+    bounds = Bounds(current=16, low=16, high=16, tunable=False)
+    slow = window(tokens=2304, seconds=2304 / 18.0)
+    naive = evaluate(memory, slow, SETTINGS, bounds, 1000.0, False)
+    assert naive.action == "disable"
+    both = {**OFF}
+    by_load = evaluate(TunerMemory("x", baseline_tps=52.0, baseline_by_load=both, length=16),
+                       slow, SETTINGS, bounds, 1000.0, False, load(MOD16, {"8+": 2304}))
+    assert by_load.action == "keep"
+    assert by_load.data["measured_speedup"] == pytest.approx(172 / 143, abs=1e-3)
+
+
+def test_the_baseline_run_records_the_throughput_per_load_and_judges_the_window_before_it():
+    memory = TunerMemory("x")
+    spec_load = load(MOD16, {"8+": 2304})
+    d = plan(memory, window(), SETTINGS, Bounds(16, 16, 16, False), 0.0, False, spec_load)
+    assert d.action == "baseline" and d.memory.phase == BASELINE
+    off_window = WindowStats(0, 0, 0, 2304, 2304 / 18.0, (), 9)
+    done = plan(d.memory, off_window, SETTINGS, Bounds(16, 16, 16, False), 100.0, False,
+                load(OFF, {"8+": 2304}))
+    assert done.memory.baseline_by_load == {"8+": 143.0}
+    assert done.data["baseline_by_load"] == {"8+": 143.0}
+    # The window before the baseline (same 8 clients) is judged by load: 1.2x, kept on.
+    assert done.action == "restore" and done.memory.speculation
+    assert done.memory.measured["16"]["speedup"] == pytest.approx(172 / 143)
