@@ -22,8 +22,9 @@ from plugins.vllm import provision as vllm_provision
 from supervisor.plugin import assemble_example_model
 
 REPO = Path(__file__).resolve().parent.parent
-# The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests.
-pytest_plugins = ["tests.systemd_lab"]
+# The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests;
+# ray_cluster: a real local Ray cluster (head and two workers) for launcher: ray.
+pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster"]
 
 
 @pytest.fixture(scope="session")

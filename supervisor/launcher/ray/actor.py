@@ -75,10 +75,13 @@ class TargetActor:
                 "hostname": socket.gethostname(), "actor_pid": os.getpid(),
                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-    async def check_files(self, files: dict[str, str],
-                          daemon_sizes: dict[str, int]) -> list[str]:
-        """Problems with the model files as this node sees them (exists, size, GGUF magic)."""
+    async def check_files(self, files: dict[str, str], daemon_sizes: dict[str, int],
+                          binary: str) -> list[str]:
+        """Problems with the runtime and the model files as this node sees them (exists,
+        executable; size, GGUF magic)."""
         problems = []
+        if os.path.isabs(binary) and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            problems.append(f"the runtime {binary} is not an executable file")
         for role, path in files.items():
             if (why := file_problem(role, path, daemon_sizes.get(role))) is not None:
                 problems.append(why)

@@ -131,7 +131,7 @@ class RayLauncher:
         try:
             where = await asyncio.wait_for(handle.where.remote(), self.settings.connect_timeout)
             files, sizes = node_files(target)
-            problems = await handle.check_files.remote(files, sizes)
+            problems = await handle.check_files.remote(files, sizes, spec.argv[0])
             if problems:
                 raise SpecfleetError(f"on node {node}: " + "; ".join(problems))
             pid = await handle.start.remote(list(spec.argv), dict(spec.env), spec.cwd,

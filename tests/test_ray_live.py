@@ -1,0 +1,193 @@
+"""launcher: ray on a real local Ray cluster (tests/ray_cluster.py: a head and two workers,
+real `ray start` processes on 127.0.0.1 with fake GPUs) and the real llama-server: targets
+placed on the nodes the fleet file asks for, requests through specfleet's proxy, kill -9
+of a server, the daemon killed with -9 and a new one adopting the actors, a model file
+missing on the chosen node, and a worker node's raylet killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import (
+    DaemonProcess,
+    llama_target,
+    runtime_pids,
+    wait_for,
+    write_fleet,
+)
+from tests.ray_cluster import RayCluster
+
+pytestmark = [pytest.mark.live, pytest.mark.ray]
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(a, b):\n"
+
+
+def ray_fleet(tmp_path: Path, cluster: RayCluster, targets: dict[str, Any],
+              **daemon: Any) -> Path:
+    # One namespace per test: an actor a test leaves behind cannot be adopted by the next.
+    namespace = f"t-{tmp_path.name}"[:60]
+    return write_fleet(tmp_path, targets, ray={"address": cluster.address,
+                                               "namespace": namespace},
+                       stop_targets_on_exit=True, **daemon)
+
+
+def ray_target(model: str, binary: str, nodes: list[str], **over: Any) -> dict[str, Any]:
+    return llama_target(model, binary, launcher="ray", gpus=[0], ray={"nodes": nodes},
+                        **{"health": {"interval": "0.5s", "timeout": "2s", "failures": 4,
+                                      "metrics_interval": "1s", "start_timeout": "120s"},
+                           **over})
+
+
+def proxy_completion(fleet: Path, model: str) -> dict[str, Any]:
+    listen = yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"]
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    req = urllib.request.Request(f"http://{listen}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=180) as resp:
+        return json.loads(resp.read())
+
+
+class RayDaemon(DaemonProcess):
+    """The daemon with its working directory in the test's directory (see the missing-model
+    test: a path under /proc/self/cwd exists for the daemon and not on the Ray nodes)."""
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        from tests.conftest import REPO
+        return subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "run", str(self.fleet), "--json-logs"],
+            stdout=subprocess.DEVNULL, stderr=self._stderr, stdin=subprocess.DEVNULL,
+            cwd=self.fleet.parent, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.fixture
+def daemons(tmp_path: Path):
+    started: list[RayDaemon] = []
+
+    def start(fleet: Path) -> RayDaemon:
+        d = RayDaemon(fleet)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop(timeout=60)  # stop_targets_on_exit: the actors and their servers go too
+    leftovers = runtime_pids(str(tmp_path))
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"llama-server processes outlived the daemon: {leftovers}"
+
+
+def node_name(status: dict[str, Any]) -> str:
+    return str(status.get("placement", {}).get("node", ""))
+
+
+def test_two_speculating_targets_run_on_the_nodes_asked_for_and_serve_through_the_proxy(
+        tmp_path, model, llama_server_bin, ray_cluster, daemons):
+    fleet = ray_fleet(tmp_path, ray_cluster, {
+        "ngram": ray_target(model, llama_server_bin, ["worker-a"],
+                            speculation={"method": "ngram"}),
+        "draft": ray_target(model, llama_server_bin, ["worker-b"], host="0.0.0.0",
+                            speculation={"method": "draft", "draft": model,
+                                         "length": {"start": 4}})})
+    daemon = daemons(fleet)
+    ngram = daemon.wait_state("ngram", "ready", 180)
+    draft = daemon.wait_state("draft", "ready", 180)
+    assert node_name(ngram).startswith("worker-a (127.0.0.1, node ")
+    assert node_name(draft).startswith("worker-b (127.0.0.1, node ")
+    assert ngram["placement"]["node_id"] != draft["placement"]["node_id"]
+    # Ray gave each actor the one fake GPU of its node, and the runtime got it.
+    assert ngram["placement"]["node_gpus"] == "0" == draft["placement"]["node_gpus"]
+    # A wildcard bind is reached at the node's address (127.0.0.1 for these nodes).
+    assert draft["endpoint"] == f"http://127.0.0.1:{yaml.safe_load(fleet.read_text())['targets']['draft']['port']}"
+    for name in ("ngram", "draft"):
+        out = proxy_completion(fleet, name)
+        assert out["choices"][0]["text"]
+    wait_for(lambda: daemon.target("ngram")["metrics"].get("drafts"), 30,
+             "the ngram target's acceptance counters, read at the node's address")
+    # The runtime's output came back into the target's log file.
+    log = (tmp_path / "state" / "logs" / "draft.log").read_text()
+    assert "starting on node worker-b" in log and "server is listening" in log
+    record = json.loads((tmp_path / "state" / "runs" / "ngram.json").read_text())
+    assert record["launcher"] == "ray" and record["placement"]["node"] == node_name(ngram)
+
+    pid = ngram["pid"]
+    os.kill(pid, signal.SIGKILL)  # the server, not the actor: specfleet restarts it
+    again = wait_for(lambda: (t := daemon.target("ngram")).get("state") == "ready"
+                     and t.get("pid") != pid and t, 120, "the restart after kill -9")
+    assert again["restarts"] == 1
+    assert node_name(again) == node_name(ngram)  # the same node
+    backoff = next(e for e in daemon.events("ngram") if e.get("new") == "backoff")
+    assert "SIGKILL" in backoff["reason"]
+    assert proxy_completion(fleet, "ngram")["choices"][0]["text"]
+
+
+def test_a_new_daemon_adopts_the_actors_after_kill_9_without_a_second_server(
+        tmp_path, model, llama_server_bin, ray_cluster, daemons):
+    fleet = ray_fleet(tmp_path, ray_cluster, {
+        "chat": ray_target(model, llama_server_bin, ["worker-b", "worker-a"],
+                           speculation={"method": "ngram"})})
+    first = daemons(fleet)
+    before = first.wait_state("chat", "ready", 180)
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    assert runtime_pids(str(tmp_path)) == [before["pid"]]  # the actor kept it running
+
+    second = daemons(fleet)
+    adopted = second.wait_state("chat", "ready", 120)
+    assert adopted["pid"] == before["pid"] and adopted["restarts"] == 0
+    assert node_name(adopted) == node_name(before)
+    reasons = [e["reason"] for e in second.events("chat") if e["kind"] == "state"]
+    assert any("adopted specfleet/chat on node worker-b" in r for r in reasons), reasons
+    assert runtime_pids(str(tmp_path)) == [before["pid"]]  # no second server
+    log = (tmp_path / "state" / "logs" / "chat.log").read_text()
+    assert "couldn't bind" not in log
+    assert proxy_completion(fleet, "chat")["choices"][0]["text"]
+
+
+def test_a_model_file_missing_on_the_chosen_node_fails_with_the_node_named(
+        tmp_path, model, llama_server_bin, ray_cluster, daemons):
+    # /proc/self/cwd is the daemon's directory for the daemon (the model is there) and the
+    # Ray worker's own for the node: one file, present here and missing on the node.
+    local = Path(model).name
+    fleet = ray_fleet(tmp_path, ray_cluster, {
+        "chat": ray_target(f"/proc/self/cwd/{local}", llama_server_bin, ["worker-a"])})
+    daemon = daemons(fleet)
+    failed = daemon.wait_state("chat", "failed", 120)
+    reason = failed["last_event"]["reason"]
+    assert reason.startswith("on node worker-a (127.0.0.1, node "), reason
+    assert f"model file /proc/self/cwd/{local} does not exist" in reason
+    assert runtime_pids(str(tmp_path)) == []
+
+
+def test_a_dead_worker_node_moves_the_target_to_the_other_node(
+        tmp_path, model, llama_server_bin, ray_cluster, daemons):
+    fleet = ray_fleet(tmp_path, ray_cluster, {
+        "chat": ray_target(model, llama_server_bin, ["worker-a", "worker-b"],
+                           speculation={"method": "ngram"})})
+    daemon = daemons(fleet)
+    before = daemon.wait_state("chat", "ready", 180)
+    assert node_name(before).startswith("worker-a ")
+    raylet = ray_cluster.raylet_of("worker-a")
+    raylet.kill()
+    try:
+        after = wait_for(lambda: (t := daemon.target("chat")).get("state") == "ready"
+                         and node_name(t).startswith("worker-b ") and t, 180,
+                         "the target back on worker-b")
+        assert after["pid"] != before["pid"]
+        moved = [e["reason"] for e in daemon.events("chat") if e["kind"] == "placement"]
+        assert moved and moved[-1].startswith(f"moved from node {node_name(before)} to node "
+                                              "worker-b (127.0.0.1, node "), moved
+        assert proxy_completion(fleet, "chat")["choices"][0]["text"]
+        assert runtime_pids(str(tmp_path)) == [after["pid"]]  # the old one died with its node
+    finally:
+        ray_cluster.start_worker("worker-a")  # for any test after this one
