@@ -108,6 +108,7 @@ class TargetActor:
         assert self._proc is not None and self._proc.stdout is not None
         for raw in self._proc.stdout:
             self._loop_call(self._append, raw.decode(errors="replace").rstrip("\n"))
+        self._proc.stdout.close()
         code = self._proc.wait()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)  # helpers it forked go with it

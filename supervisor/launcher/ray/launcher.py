@@ -31,6 +31,9 @@ from supervisor.launcher.ray.process import RayProcess
 from supervisor.plugin.backend import LaunchSpec
 
 _SUSPECT_FOR = 120.0  # seconds a node that lost an actor of ours is tried last
+# Seconds a start waits for a node to fit before giving up: the resources of an actor that
+# just ended reach the cluster's books a moment after it is dead.
+_SETTLE = 10.0
 
 
 def num_gpus(target: Target) -> int:
@@ -97,10 +100,16 @@ class RayLauncher:
     async def _place(self, target: Target) -> Choice:
         await self.cluster.connect()
         need = demand(num_gpus(target), target.ray.num_cpus, target.ray.resources)
-        choice = choose(await self.cluster.nodes(), target.ray.nodes, need, self._suspects())
-        if isinstance(choice, str):
-            raise SpecfleetError(f"target '{target.name}' cannot run on the Ray cluster: {choice}")
-        return choice
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SETTLE
+        while True:
+            choice = choose(await self.cluster.nodes(), target.ray.nodes, need, self._suspects())
+            if not isinstance(choice, str):
+                return choice
+            if loop.time() >= deadline:
+                raise SpecfleetError(f"target '{target.name}' cannot run on the Ray cluster: "
+                                     f"{choice}")
+            await asyncio.sleep(0.5)
 
     def _process(self, name: str, handle: object, pid: int, where: dict[str, object],
                  choice: Choice, on_line: Callable[[str], None] | None, seq: int = 0,
