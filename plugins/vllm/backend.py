@@ -30,6 +30,7 @@ import aiohttp
 
 from plugins.vllm import entrypoint, provision
 from supervisor.plugin import (
+    LENGTHS_BY_LOAD,
     Assignment,
     Backend,
     Estimate,
@@ -92,14 +93,26 @@ def _looks_local(ref: str) -> bool:
     return ref.startswith(("/", ".", "~"))
 
 
-def speculative_config(target: Target, draft_length: int | None) -> dict[str, Any] | None:
-    """The `--speculative-config` JSON object for a target; pure, so every method is tested."""
+# The top of an open-ended range of requests running (vLLM clamps it to max_num_seqs).
+MAX_BATCH = 4096
+
+
+def speculative_config(target: Target, draft_length: int | None,
+                       by_load: list[tuple[int, int | None, int]] | None = None
+                       ) -> dict[str, Any] | None:
+    """The `--speculative-config` JSON object for a target; pure, so every method is tested.
+    `by_load`: draft lengths by requests running (num_speculative_tokens_per_batch_size;
+    num_speculative_tokens is then the longest, the most the engine allocates for)."""
     spec = target.speculation
     if spec.method == "none":
         return None
     n = draft_length if draft_length is not None else (
         spec.length.start if spec.length.start is not None else DEFAULT_LENGTH[spec.method])
     config: dict[str, Any] = {"method": METHOD[spec.method], "num_speculative_tokens": n}
+    if by_load:
+        config["num_speculative_tokens"] = max(k for _, _, k in by_load)
+        config["num_speculative_tokens_per_batch_size"] = [
+            [low, high or MAX_BATCH, k] for low, high, k in by_load]
     if spec.draft:
         config["model"] = str(Path(spec.draft).expanduser()) if _looks_local(spec.draft) \
             else spec.draft
@@ -118,6 +131,7 @@ class VllmBackend(Backend):
     description = "vLLM (vllm serve)"
     default_binary = "vllm"
     fills_gpu_memory = True
+    lengths_by_load: tuple[tuple[int, int | None, int], ...] = ()
 
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
@@ -183,7 +197,15 @@ class VllmBackend(Backend):
                                  + (f" ({found['error']})" if found.get("error") else ""))
         dist = found.get("dist")
         version = "-".join(map(str, dist)) if isinstance(dist, list) else "unknown"
-        return RuntimeInfo(entry.python, version)
+        features = frozenset({LENGTHS_BY_LOAD} if found.get("per_batch_size") else ())
+        return RuntimeInfo(entry.python, version, features)
+
+    def with_lengths_by_load(self, ranges: list[tuple[int, int | None, int]]) -> Backend:
+        if tuple(ranges) == self.lengths_by_load:
+            return self
+        copy = type(self)(self.target)
+        copy.lengths_by_load = tuple(ranges)
+        return copy
 
     @property
     def served_name(self) -> str:
@@ -209,7 +231,8 @@ class VllmBackend(Backend):
         model = str(Path(t.model).expanduser()) if _looks_local(t.model) else t.model
         argv = [*self.entry_point().command(model), "--host", t.host, "--port", str(t.port),
                 "--served-model-name", self.served_name]
-        config = speculative_config(t, draft_length) if speculation else None
+        config = (speculative_config(t, draft_length, list(self.lengths_by_load))
+                  if speculation else None)
         if config is not None:
             argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
             if config["method"] == "draft_model":
@@ -244,7 +267,11 @@ class VllmBackend(Backend):
         dist = found.get("dist")
         which = " ".join(map(str, dist)) if isinstance(dist, list) else "vllm (version unknown)"
         location = Path(str(found["location"])).parent
-        return f"vLLM: {which} at {location}; entry point: {entry.describe()}"
+        by_load = ("yes (num_speculative_tokens_per_batch_size)" if found.get("per_batch_size")
+                   else "no (this vLLM has no num_speculative_tokens_per_batch_size): one "
+                   "length for every load")
+        return (f"vLLM: {which} at {location}; entry point: {entry.describe()}; "
+                f"draft lengths by load: {by_load}")
 
     def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         files = self.model_files()

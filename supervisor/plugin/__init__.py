@@ -24,6 +24,7 @@ from supervisor.models.facts import ModelFacts
 from supervisor.models.facts import read as read_model_facts
 from supervisor.models.identity import FileIdentity, file_identity
 from supervisor.plugin.backend import (
+    LENGTHS_BY_LOAD,
     Backend,
     Failure,
     FailureKind,
@@ -46,7 +47,7 @@ from supervisor.plugin.promtext import Samples, dense_positions
 from supervisor.plugin.promtext import parse as parse_prometheus
 
 __all__ = [
-    "GPU_RUNTIME_OVERHEAD", "Assignment", "Backend", "ContextSettings", "Estimate", "Failure",
+    "GPU_RUNTIME_OVERHEAD", "LENGTHS_BY_LOAD", "Assignment", "Backend", "ContextSettings", "Estimate", "Failure",
     "FailureKind", "FileIdentity", "Generation", "GiB", "LaunchSpec", "MetricsSample", "MiB",
     "ModelFacts", "Probe", "Problem", "Readiness", "RuntimeInfo", "Samples", "SpecfleetError",
     "Target", "assemble_example_model", "cache_root", "dense_positions", "example_model_path",

@@ -123,6 +123,13 @@ class Failure:
 class RuntimeInfo:
     binary: str
     version: str = "unknown"
+    # What this build can do beyond the contract, found at preflight, e.g. LENGTHS_BY_LOAD.
+    features: frozenset[str] = frozenset()
+
+
+# A feature: the runtime takes a table of draft lengths by requests running at start
+# (vLLM's num_speculative_tokens_per_batch_size); see `Backend.with_lengths_by_load`.
+LENGTHS_BY_LOAD = "lengths_by_load"
 
 
 class Backend:
@@ -184,6 +191,12 @@ class Backend:
             return self
         spec = self.target.speculation.model_copy(update={"variant": variant})
         return type(self)(self.target.model_copy(update={"speculation": spec}))
+
+    def with_lengths_by_load(self, ranges: list[tuple[int, int | None, int]]) -> Backend:
+        """This backend launching with draft lengths by load: (lowest, highest or None,
+        length) ranges of requests running, length 0 = no speculation at that load. Only
+        called where preflight reported LENGTHS_BY_LOAD; others have no such table."""
+        return self
 
     # --- launching ---
 

@@ -17,11 +17,12 @@ from typing import Any
 
 from supervisor.config.schema import Target
 from supervisor.models.identity import file_identity
-from supervisor.plugin.backend import Backend, MetricsSample, RuntimeInfo
+from supervisor.plugin.backend import LENGTHS_BY_LOAD, Backend, MetricsSample, RuntimeInfo
+from supervisor.tuning.by_load import judge_table, tabulate
 from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.load import LoadWindows
-from supervisor.tuning.mix import summary
+from supervisor.tuning.mix import batch_ranges, summary
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
 from supervisor.tuning.variants import allowed_variants, search
 from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
@@ -46,6 +47,7 @@ class AutoTuner:
         fingerprint = _fingerprint(target)
         self.memory = store.load(target.name, fingerprint) if store else TunerMemory(fingerprint)
         self.retunes = 0
+        self.features: frozenset[str] = frozenset()  # the runtime build's (preflight)
         self._drifted = False
         self._pending: Decision | None = None
         self._pending_since = 0.0
@@ -73,9 +75,19 @@ class AutoTuner:
             self.memory.variant in self.variants_allowed else None
         return tuned or self.target.speculation.variant
 
+    @property
+    def lengths_by_load(self) -> dict[str, int]:
+        """The table of lengths by load it runs ({}: one length), where the runtime takes one."""
+        if not (self.active and self.speculation_on and LENGTHS_BY_LOAD in self.features):
+            return {}
+        return self.memory.lengths_by_load
+
     def launch_backend(self) -> Backend:
-        """The backend for the variant it runs (the configured backend when not tuned)."""
-        return self.backend.with_variant(self.variant)
+        """The backend for the variant and the lengths by load it runs (the configured
+        backend when not tuned)."""
+        backend = self.backend.with_variant(self.variant)
+        table = self.lengths_by_load
+        return backend.with_lengths_by_load(batch_ranges(table)) if table else backend
 
     def bounds(self) -> Bounds:
         length = self.target.speculation.length
@@ -92,6 +104,7 @@ class AutoTuner:
     def runtime_started(self, info: RuntimeInfo) -> None:
         """A baseline belongs to one model file and one runtime build: check which this is."""
         self._last_scrape = None  # the time it was down is no load
+        self.features = info.features
         if not self.active:
             return
         key = _runtime_key(self.target, info)
@@ -126,11 +139,7 @@ class AutoTuner:
             # Speedups measured before the change describe a workload that is gone.
             self._remember(replace(self.memory, measured={}, variants={}))
         if self._pending is None:
-            decision = plan(self.memory, self.window.stats(), self.target.tuning, self.bounds(),
-                            now, self._drifted,
-                            summary(self.by_load.stats(), self.target.tuning.min_tokens))
-            decision = search(decision, self.variant or "", self.variants_allowed,
-                              self.target.tuning, now)
+            decision = self._decide(now)
             if decision is not None and decision.action == "keep":
                 self._remember(decision.memory)  # a measurement, no restart
             elif decision is not None:
@@ -141,6 +150,15 @@ class AutoTuner:
                 self._pending_sent = True
                 return self._pending.reason
         return None
+
+    def _decide(self, now: float) -> Decision | None:
+        settings, stats = self.target.tuning, self.window.stats()
+        load = summary(self.by_load.stats(), settings.min_tokens)
+        if self.lengths_by_load and self.memory.phase == SPECULATING:
+            return judge_table(self.memory, stats.drafts, settings, now, self._drifted, load)
+        decision = plan(self.memory, stats, settings, self.bounds(), now, self._drifted, load)
+        decision = search(decision, self.variant or "", self.variants_allowed, settings, now)
+        return tabulate(decision, LENGTHS_BY_LOAD in self.features, settings, now)
 
     def _file_by_load(self, sample: MetricsSample, delta: Delta | None, proxy_peak: int,
                       now: float) -> None:
@@ -176,6 +194,7 @@ class AutoTuner:
         m = self.memory
         return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
                 "variant": self.variant, "variants_measured": m.variants,
+                "lengths_by_load": self.lengths_by_load,
                 "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
                 "baseline_by_load": {b: round(t, 2) for b, t in m.baseline_by_load.items()},
                 "window": (stats or self.window.stats()).to_dict(),

