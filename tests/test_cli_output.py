@@ -242,3 +242,11 @@ def test_with_the_daemon_gone_states_are_shown_as_what_they_were():
     gone = statusview.render(status, alive=False, now=NOW, width=200)
     assert "was ready" in gone and "daemon is not running" in gone
     assert "was ready" not in statusview.render(status, alive=True, now=NOW, width=200)
+
+
+def test_status_shows_the_lengths_by_load_a_vllm_target_runs():
+    t = target("v", "ready", 41, speculation={"method": "ngram", "draft_length": 8},
+               tuning={"phase": "speculating", "tuned_length": 8,
+                       "lengths_by_load": {"1": 8, "2-3": 4, "8+": 0}})
+    detail = statusview.render_target(t, None, now=NOW)
+    assert "speculation  ngram-mod n by load 1:8 2-3:4 8+:off" in detail

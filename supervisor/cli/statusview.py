@@ -36,6 +36,9 @@ def _speculation(target: dict[str, Any]) -> str:
         return f"{name}: off, measuring baseline"
     if not spec.get("enabled", True):
         return f"{name}: off (tuner)"
+    by_load = (target.get("tuning") or {}).get("lengths_by_load")
+    if by_load:  # vLLM's num_speculative_tokens_per_batch_size (docs/tuning.md)
+        return f"{name} n by load " + " ".join(f"{b}:{k or 'off'}" for b, k in by_load.items())
     length = spec.get("draft_length")
     tuned = (target.get("tuning") or {}).get("tuned_length") is not None
     return f"{name} n={length if length is not None else 'default'}" + (" (tuned)" if tuned else "")
