@@ -124,3 +124,12 @@ def test_a_fleet_file_takes_ray_settings_and_placement() -> None:
     a = fleet.targets["a"]
     assert (a.launcher, a.ray.nodes, a.ray.resources) == ("ray", ("w1", "w2"), {"vram": 8.0})
     assert fleet.daemon.ray.namespace == "specfleet"
+
+
+def test_check_warns_of_ray_settings_without_launcher_ray_and_refuses_all_gpus() -> None:
+    from supervisor.config.crosscheck import check_ray
+    (warning,) = check_ray(target(launcher="process", ray={"nodes": ["w1"]}))
+    assert warning.severity == "warning" and "launcher: ray only" in warning.message
+    (error,) = check_ray(target(gpus="all"))
+    assert error.severity == "error" and error.path == ("targets", "t", "gpus")
+    assert check_ray(target(gpus=[0])) == []

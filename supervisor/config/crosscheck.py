@@ -3,6 +3,7 @@ check_api_token, which looks at this host (run with the backend checks)."""
 
 from __future__ import annotations
 
+from supervisor.config.raysettings import RayPlacement
 from supervisor.config.schema import (
     METHODS_NEEDING_DRAFT,
     METHODS_WITH_DRAFT_FILE,
@@ -144,11 +145,24 @@ def check_api_token(fleet: Fleet) -> list[Problem]:
     return []
 
 
+def check_ray(target: Target) -> list[Problem]:
+    """`ray:` placement only means something under `launcher: ray`."""
+    if target.launcher != "ray" and target.ray != RayPlacement():
+        return [Problem(("targets", target.name, "ray"), f"ray: applies to launcher: ray only "
+                        f"(launcher is {target.launcher}); remove it or set launcher: ray",
+                        "warning")]
+    if target.launcher == "ray" and target.gpus == "all":
+        return [Problem(("targets", target.name, "gpus"), "gpus: all has no meaning on a Ray "
+                        "cluster; list as many indices as the target needs, such as [0, 1]")]
+    return []
+
+
 def cross_check(fleet: Fleet) -> list[Problem]:
     problems = check_ports(fleet)
     for target in fleet.targets.values():
         problems += check_speculation(target)
         problems += check_restart_and_health(target)
+        problems += check_ray(target)
     if not fleet.targets:
         problems.append(Problem(("targets",), "no targets are defined; the daemon will idle",
                                 "warning"))
