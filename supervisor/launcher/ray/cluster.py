@@ -30,6 +30,12 @@ def import_ray() -> ModuleType:
     return ray
 
 
+def first_line(exc: BaseException) -> str:
+    """A Ray error's first line (its messages run to a dozen lines of context)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def actor_name(target: str) -> str:
     return f"{ACTOR_PREFIX}{target}"
 

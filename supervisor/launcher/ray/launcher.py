@@ -25,7 +25,7 @@ from supervisor.config.raysettings import RaySettings
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.launcher.process import OutputLog
-from supervisor.launcher.ray.cluster import RayCluster, actor_name
+from supervisor.launcher.ray.cluster import RayCluster, actor_name, first_line
 from supervisor.launcher.ray.placement import Choice, NodeView, choose, demand
 from supervisor.launcher.ray.process import RayProcess
 from supervisor.plugin.backend import LaunchSpec
@@ -149,6 +149,10 @@ class RayLauncher:
             await self.cluster.discard(handle)
             raise SpecfleetError(f"Ray did not place the actor {actor_name(name)} on node "
                                  f"{node} within {self.settings.connect_timeout:g} s") from None
+        except self.cluster.errors as exc:  # the node died under it, or Ray refused it
+            await self.cluster.discard(handle)
+            raise SpecfleetError(f"the actor {actor_name(name)} on node {node} died while "
+                                 f"starting: {first_line(exc)}") from None
         except BaseException:
             await self.cluster.discard(handle)
             raise

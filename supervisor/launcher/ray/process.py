@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from supervisor.launcher.process import OutputLog
+from supervisor.launcher.ray.cluster import first_line
 
 if TYPE_CHECKING:
     from supervisor.launcher.ray.cluster import RayCluster
@@ -72,9 +73,8 @@ class RayProcess:
             code = await self.handle.wait.remote()
         except self._cluster.errors as exc:
             code = -signal.SIGKILL
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self._log.write(f"--- specfleet: the actor on node {self.location['node']} is gone "
-                            f"(its node died, or it was killed): {first} ---")
+                            f"(its node died, or it was killed): {first_line(exc)} ---")
             if self._on_node_lost is not None:
                 self._on_node_lost(self.location.get("node_id", ""))
         with contextlib.suppress(TimeoutError):
