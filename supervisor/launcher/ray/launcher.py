@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -117,7 +118,9 @@ class RayLauncher:
         node = choice.node.describe(choice.name)
         self._last_node[name] = node
         location = {"node": node, "node_id": choice.node.node_id,
-                    "address": str(where.get("address") or choice.node.address)}
+                    # The address Ray registered the node under (what `ray start
+                    # --node-ip-address` said), not the one the node guesses for itself.
+                    "address": choice.node.address or str(where.get("address"))}
         if where.get("gpus"):
             location["node_gpus"] = str(where["gpus"])
         log = OutputLog(self.log_path(name), self.max_bytes, self.backups)
@@ -157,7 +160,10 @@ class RayLauncher:
             await self.cluster.discard(handle)
             raise
         proc = self._process(name, handle, pid, where, choice, on_line)
-        proc.note(f"--- specfleet: starting on node {node}: {spec.shell_line()} ---")
+        shown = dataclasses.replace(spec, env={k: v for k, v in spec.env.items()
+                                               if k != "CUDA_VISIBLE_DEVICES"})
+        proc.note(f"--- specfleet: starting on node {node} (its GPUs: "
+                  f"{where.get('gpus') or 'none'}): {shown.shell_line()} ---")
         return proc
 
     async def adopt(self, name: str, spec: LaunchSpec, *,
