@@ -196,3 +196,28 @@ def test_a_dead_worker_node_moves_the_target_to_the_other_node(
         assert runtime_pids(str(tmp_path)) == [after["pid"]]  # the old one died with its node
     finally:
         ray_cluster.start_worker("worker-a")  # for any test after this one
+
+
+def test_sigterm_leaves_the_actor_running_and_a_removed_targets_actor_is_stopped_at_start(
+        tmp_path, model, llama_server_bin, ray_cluster, daemons):
+    fleet = ray_fleet(tmp_path, ray_cluster, {
+        "old": ray_target(model, llama_server_bin, ["worker-a", "worker-b"])})
+    doc = yaml.safe_load(fleet.read_text())
+    doc["daemon"]["stop_targets_on_exit"] = False
+    fleet.write_text(yaml.safe_dump(doc, sort_keys=False))
+    first = daemons(fleet)
+    pid = first.wait_state("old", "ready", 180)["pid"]
+    assert first.stop() == 0
+    assert first.events("old")[-1]["new"] == "detached"
+    assert runtime_pids(str(tmp_path)) == [pid]  # the actor kept its server
+
+    doc["daemon"]["stop_targets_on_exit"] = True
+    doc["targets"] = {"new": ray_target(model, llama_server_bin, ["worker-b", "worker-a"])}
+    fleet.write_text(yaml.safe_dump(doc, sort_keys=False))
+    second = daemons(fleet)
+    new_pid = second.wait_state("new", "ready", 180)["pid"]
+    removed = [e["reason"] for e in second.events("-")
+               if e["reason"].startswith("stopped the Ray actor")]
+    assert removed == ["stopped the Ray actor specfleet/old: its target is no longer in the "
+                       "fleet file (or no longer uses launcher: ray)"]
+    wait_for(lambda: runtime_pids(str(tmp_path)) == [new_pid], 30, "the old server to go")

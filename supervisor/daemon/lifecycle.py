@@ -25,6 +25,7 @@ from supervisor import __version__
 from supervisor.api.proxy import Proxy
 from supervisor.api.server import ApiServer
 from supervisor.config.loader import LoadedFleet
+from supervisor.config.raysettings import RaySettings
 from supervisor.config.schema import Fleet, Target
 from supervisor.daemon import statusfile
 from supervisor.daemon.fleet import FleetSupervisors
@@ -105,7 +106,7 @@ class Daemon:
             if self._uses_systemd(self.fleet):
                 await self.systemd.connect()
                 await self._remove_leftover_units(self.fleet)
-            if any(t.launcher == "ray" for t in self.fleet.targets.values()):
+            if self._uses_ray(self.fleet):
                 await self._remove_leftover_actors(self.fleet)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -203,6 +204,12 @@ class Daemon:
     def _launcher_for(self, target: Target) -> Launcher:
         return {"systemd": self.systemd, "external": self.external,
                 "ray": self.ray}.get(target.launcher, self.launcher)
+
+    def _uses_ray(self, fleet: Fleet) -> bool:
+        """Targets on Ray, or a cluster named in the file (whose actors of targets removed
+        from the file must be stopped)."""
+        return any(t.launcher == "ray" for t in fleet.targets.values()) or \
+            fleet.daemon.ray != RaySettings()
 
     def _target_named(self, name: str) -> Target:
         """The definition a target's supervisor runs (during a reload, the fleet's may be
