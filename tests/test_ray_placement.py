@@ -133,3 +133,13 @@ def test_check_warns_of_ray_settings_without_launcher_ray_and_refuses_all_gpus()
     (error,) = check_ray(target(gpus="all"))
     assert error.severity == "error" and error.path == ("targets", "t", "gpus")
     assert check_ray(target(gpus=[0])) == []
+
+
+def test_status_of_one_target_names_its_ray_node() -> None:
+    from supervisor.cli.statusview import render_target
+    status = {"name": "chat", "state": "ready", "placement": {
+        "node": "worker-b (10.0.0.5, node bbbbbbbb)", "node_id": "b" * 56,
+        "address": "10.0.0.5", "node_gpus": "0"}}
+    text = render_target(status, None, now=0.0)
+    assert "  node         worker-b (10.0.0.5, node bbbbbbbb), GPUs there: 0" in text
+    assert "placement    GPU" not in text

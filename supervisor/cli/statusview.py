@@ -232,7 +232,10 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
              f"tok/s {_tokens_per_second(target)}",
              f"  memory       {_memory(target)}"]
     placement = target.get("placement") or {}
-    if placement:
+    if placement.get("node"):  # launcher: ray
+        lines.append(f"  node         {placement['node']}, GPUs there: "
+                     f"{placement.get('node_gpus') or 'none'}")
+    if placement.get("gpus"):
         lines.append(f"  placement    GPU {','.join(map(str, placement.get('gpus', [])))}"
                      + (f", memory fraction {placement['memory_fraction']}"
                         if placement.get("memory_fraction") else ""))
