@@ -60,9 +60,9 @@ def test_a_bucket_needs_a_share_of_min_tokens_to_count_as_evidence():
     windows.busy(1.0, 1, 3.0)
     windows.add(Delta(2.0, 2, 8, 4, (2, 1, 1, 0), 40, 1.0), running=8)
     windows.busy(2.0, 8, 1.0)
-    assert set(summary(windows.stats(), 400)) == {"1"}  # 40 tokens < 100
-    assert summary(windows.stats(), 400)["1"] == (300, pytest.approx(100.0))
-    assert set(summary(windows.stats(), 100)) == {"1", "8+"}
+    assert set(summary(windows.stats(), 1000)) == {"1"}  # 40 tokens < a tenth of 1000
+    assert summary(windows.stats(), 1000)["1"] == (300, pytest.approx(100.0))
+    assert set(summary(windows.stats(), 400)) == {"1", "8+"}
 
 
 def test_mix_helpers_handle_missing_values():
