@@ -8,9 +8,11 @@ this script, on the real llama-server with the gemma-3-270m model:
   rule       the operators' rule of thumb: start at 16, double while acceptance
              (per chunk of requests) is above 70 %, halve below 40 % (each change is
              a restart through SIGHUP, as a supervisor would do it)
-  tuned      specfleet's tuner (tuning enabled, timings scaled down for a benchmark)
+  tuned      specfleet's tuner (tuning enabled, timings scaled down for a benchmark); in
+             the ngram-mod case with the variant search on (`variants: [mod, simple]`)
   oracle     the best fixed setting for each phase, found by a sweep of every setting
-             on that phase's workload (no restarts inside a phase)
+             on that phase's workload (no restarts inside a phase): ngram-mod lengths and,
+             for the variant search, ngram-simple size-m 16 and 48
 
 Throughput is generated tokens over wall-clock time of the phase, restarts and
 failed requests included: that is what a user of the endpoint sees. Results are
@@ -48,8 +50,12 @@ from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 from supervisor.plugin import assemble_example_model  # noqa: E402
 
 PHASES = ["code", "prose", "code"]
-SWEEPS = {"ngram-mod": [None, 4, 8, 16, 32, 64],  # None: speculation off
-          "self-draft": [None, 2, 4, 16]}
+# None: speculation off; (variant, length): another n-gram variant.
+SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 4, 8, 16, 32, 64, ("simple", 16),
+                                              ("simple", 48)],
+                                "self-draft": [None, 2, 4, 16]}
+# What the tuner may search besides the length, per case.
+TUNED_EXTRA = {"ngram-mod": {"variants": ["mod", "simple"]}, "self-draft": {}}
 # The daemon's time constants scaled down to phases of about a minute (cool-down 15m -> 30s,
 # re-probe 1h -> 60s). Restarts are then far more expensive relative to a phase than in
 # production, where they are amortised over the cool-down: this favours fixed settings.
@@ -172,10 +178,17 @@ def run_requests(daemon: Daemon, workload: str, n: int, max_tokens: int,
     return phase.end()
 
 
-def spec_with(base: dict[str, Any], length: int | None) -> dict[str, Any]:
+def spec_with(base: dict[str, Any], length: Any) -> dict[str, Any]:
     if length is None:
         return {"method": "none"}
+    if isinstance(length, tuple):  # (variant, length)
+        base, length = {**base, "variant": length[0]}, length[1]
     return {**base, "length": {"start": length, "min": 2, "max": 64}}
+
+
+def setting_name(length: Any) -> str:
+    return "off" if length is None else f"{length[0]}-{length[1]}" if isinstance(
+        length, tuple) else str(length)
 
 
 def strategy_fixed(workdir: Path, target: dict, phases: list[str], n: int, max_tokens: int):
@@ -207,8 +220,8 @@ def strategy_rule(workdir: Path, target: dict, base_spec: dict, phases: list[str
 
 
 def strategy_tuned(workdir: Path, target: dict, base_spec: dict, phases: list[str], n: int,
-                   max_tokens: int):
-    d = Daemon(workdir, {**target, "speculation": spec_with(base_spec, 16),
+                   max_tokens: int, extra: dict[str, Any] | None = None):
+    d = Daemon(workdir, {**target, "speculation": {**spec_with(base_spec, 16), **(extra or {})},
                          "tuning": BENCH_TUNING})
     try:
         # Warm-up, not counted: the tuner measures its baseline once per model and runtime.
@@ -223,14 +236,15 @@ def strategy_tuned(workdir: Path, target: dict, base_spec: dict, phases: list[st
 
 
 def oracle(workdir: Path, target: dict, base_spec: dict, workloads: set[str], n: int,
-           max_tokens: int, sweep: list[int | None]) -> dict[str, dict[str, Any]]:
+           max_tokens: int, sweep: list[Any]) -> dict[str, dict[str, Any]]:
     """tokens/s of every sweep setting on every workload; the best per workload."""
     table: dict[str, dict[str, Any]] = {w: {} for w in workloads}
     for length in sweep:
-        d = Daemon(workdir / f"sweep-{length}", {**target, "speculation": spec_with(base_spec, length)})
+        d = Daemon(workdir / f"sweep-{setting_name(length)}",
+                   {**target, "speculation": spec_with(base_spec, length)})
         try:
             for w in sorted(workloads):
-                table[w]["off" if length is None else str(length)] = run_requests(d, w, n, max_tokens)
+                table[w][setting_name(length)] = run_requests(d, w, n, max_tokens)
         finally:
             d.stop()
     return table
@@ -272,7 +286,7 @@ def main() -> int:
             results["rule"], _ = strategy_rule(root / case / "rule", target, spec, phases, n, mt)
             print(f"   rule {results['rule']}", file=sys.stderr, flush=True)
             results["tuned"], events = strategy_tuned(root / case / "tuned", target, spec, phases,
-                                                      n, mt)
+                                                      n, mt, TUNED_EXTRA[case])
             print(f"   tuned {results['tuned']}", file=sys.stderr, flush=True)
             sweep = oracle(root / case / "oracle", target, spec, set(phases), n, mt, SWEEPS[case])
             best = {w: max(s, key=lambda k: s[k]["tps"]) for w, s in sweep.items()}
@@ -280,8 +294,10 @@ def main() -> int:
             out["cases"][case] = {
                 "results": results, "sweep": sweep,
                 "tuning_events": [{"reason": e["reason"], "action": e["data"].get("action"),
-                                   "old": e["data"].get("old_length"),
-                                   "new": e["data"].get("new_length")}
+                                   "old": e["data"].get("old_variant") or e["data"].get(
+                                       "old_length"),
+                                   "new": e["data"].get("new_variant") or e["data"].get(
+                                       "new_length")}
                                   for e in events if e["kind"] == "tuning"]}
     print(report(out))
     results_dir = REPO / "benchmarks" / "results"
@@ -300,8 +316,8 @@ def report(out: dict[str, Any]) -> str:
         for name in ("defaults", "rule", "tuned", "oracle"):
             rows = r[name]
             total = sum(x["tokens"] for x in rows) / sum(x["seconds"] for x in rows)
-            cells = "  ".join(f"{x['tps']:>8.1f}" + (f" ({x['setting']:>3})" if "setting" in x
-                                                      else "      ") for x in rows)
+            cells = "  ".join(f"{x['tps']:>8.1f}" + (f" ({x['setting']:>9})" if "setting" in x
+                                                      else "            ") for x in rows)
             lines.append(f"{name:<10} {cells}  {total:>14.1f}")
         tuned, oracle_, rule = r["tuned"], r["oracle"], r["rule"]
         ratios = [t["tps"] / o["tps"] for t, o in zip(tuned, oracle_, strict=True)]
