@@ -121,7 +121,7 @@ def main() -> int:
                                              "proxy_overhead.json"))
     args = parser.parse_args()
     binary = provision.cached_llama_server() or provision.build_llama_server()
-    model = assemble_example_model()
+    model = assemble_example_model(lambda msg: print(msg, file=sys.stderr))
     work = Path(tempfile.mkdtemp(prefix="specfleet-proxy-bench-"))
     port, instant_port, proxy_port = free_port(), free_port(), free_port()
     instant = work / "instant-server"

@@ -257,7 +257,7 @@ def main() -> int:
     ap.add_argument("--cases", default="ngram-mod,self-draft")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
-    model = str(assemble_example_model())
+    model = str(assemble_example_model(lambda msg: print(msg, file=sys.stderr)))
     base_target = {"model": model, "binary": binary, "port": free_port(),
                    "args": ["--ctx-size", "4096"], "tuning": {"enabled": False},
                    "health": {"interval": "1s", "metrics_interval": "1s"},
