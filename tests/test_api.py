@@ -327,3 +327,17 @@ def test_an_api_restart_is_counted_with_reason_restart_and_not_as_a_policy_resta
     assert samples[("specfleet_target_restarts_by_reason_total", "restart")] == 1
     assert samples[("specfleet_target_restarts_by_reason_total", "crash")] == 0
     assert samples[("specfleet_target_restarts", None)] == 0  # the restart policy's own count
+
+
+def test_the_litellm_export_names_the_ray_nodes_a_target_asks_for(tmp_path):
+    fleet = write_fleet(tmp_path, {
+        "near": llama_target("/models/m.gguf", "/bin/true"),
+        "far": llama_target("/models/m.gguf", "/bin/true", launcher="ray",
+                            ray={"nodes": ["worker-b", "worker-a"]})},
+        ray={"address": "127.0.0.1:6379"})
+    done = subprocess.run([sys.executable, "-m", "supervisor", "export", "litellm", str(fleet)],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    info = {m["model_name"]: m["model_info"] for m in yaml.safe_load(done.stdout)["model_list"]}
+    assert info["far"]["ray_nodes"] == ["worker-b", "worker-a"]
+    assert "ray_nodes" not in info["near"]

@@ -124,6 +124,13 @@ def test_two_speculating_targets_run_on_the_nodes_asked_for_and_serve_through_th
     assert "starting on node worker-b" in log and "listening on http://0.0.0.0:" in log
     record = json.loads((tmp_path / "state" / "runs" / "ngram.json").read_text())
     assert record["launcher"] == "ray" and record["gpus"]["node"] == node_name(ngram)  # placement
+    # The daemon's LiteLLM export names the node each target runs on, and the file's wish.
+    api = yaml.safe_load(fleet.read_text())["daemon"]["api"]
+    with urllib.request.urlopen(f"http://{api}/v1/litellm", timeout=30) as resp:
+        exported = {m["model_name"]: m["model_info"] for m in json.loads(resp.read())["model_list"]}
+    assert exported["ngram"]["node"] == node_name(ngram)
+    assert exported["draft"]["node"] == node_name(draft)
+    assert exported["ngram"]["ray_nodes"] == ["worker-a"]
 
     pid = ngram["pid"]
     os.kill(pid, signal.SIGKILL)  # the server, not the actor: specfleet restarts it

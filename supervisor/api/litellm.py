@@ -69,8 +69,10 @@ def config(fleet: Fleet) -> dict[str, Any]:
         key = _key_reference(*_key_source(fleet, name)[:2])
         params: dict[str, Any] = {"model": f"openai/{name}", "api_base": api_base}
         params["api_key"] = key or "none"  # the openai client needs some key
-        model_list.append({"model_name": name, "litellm_params": params,
-                           "model_info": {"id": f"specfleet-{name}", "backend": target.backend}})
+        info: dict[str, Any] = {"id": f"specfleet-{name}", "backend": target.backend}
+        if target.launcher == "ray" and target.ray.nodes:
+            info["ray_nodes"] = list(target.ray.nodes)  # where the fleet file asks it to run
+        model_list.append({"model_name": name, "litellm_params": params, "model_info": info})
     return {
         "model_list": model_list,
         "router_settings": {

@@ -199,4 +199,11 @@ class FleetSupervisors:
         return read_api_token(self.fleet)
 
     def litellm_config(self) -> dict[str, Any]:
-        return litellm.config(self.fleet)
+        """The export; from the running daemon also the Ray node each target runs on now."""
+        config = litellm.config(self.fleet)
+        for entry in config["model_list"]:
+            sup = self.supervisors.get(entry["model_name"])
+            node = sup.placement.get("node") if sup is not None else None
+            if node:
+                entry["model_info"]["node"] = node
+        return config
