@@ -92,13 +92,7 @@ def phase(send_base: str, model: str, counters_base: str | None, clients: int,
                 tokens[0] += int(json.loads(raw)["usage"]["completion_tokens"])
 
     before = lp.counters("llamacpp", counters_base) if counters_base else None
-    started = time.monotonic()
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.monotonic() - started
+    seconds = lp.run_clients(client, clients)
     acceptance = None
     if counters_base and before is not None:
         after = lp.counters("llamacpp", counters_base)

@@ -43,23 +43,19 @@ Run: .venv/bin/python benchmarks/load_phases.py --sweep [--runtimes llamacpp,vll
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -69,6 +65,9 @@ from plugins.vllm import provision as vllm_provision  # noqa: E402
 from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 from supervisor.plugin import example_model_path  # noqa: E402
 from supervisor.plugin.promtext import parse  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from serverproc import Server, free_port, group_alive, http, run_clients  # noqa: E402
 
 CLIENTS = 8
 VLLM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -93,85 +92,6 @@ VLLM_SETTINGS: list[tuple[str, dict[str, Any] | None]] = [
 ]
 METRIC_PREFIX = {"llamacpp": "llamacpp:", "vllm": "vllm:"}
 OTHERS = "pytest|vllm.entrypoints|specfleet bench|vllm_cpu.py|daemon_overhead.py|llama-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http(url: str, body: dict[str, Any] | None = None, timeout: float = 900) -> tuple[int, bytes]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data,
-                                 headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Server:
-    """One runtime server in its own process group; stop() kills the whole group."""
-
-    live: ClassVar[list[Server]] = []
-
-    def __init__(self, cmd: list[str], env: dict[str, str], port: int, log: Path) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-        self.log = log
-        with log.open("wb") as out:
-            self.started = time.monotonic()
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        self.pgid = self.proc.pid  # start_new_session: the group is the server's pid
-        Server.live.append(self)
-
-    def wait_ready(self, limit: float) -> float:
-        deadline = self.started + limit
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} before /health "
-                                   f"200:\n{tail(self.log)}")
-            with contextlib.suppress(OSError):
-                if http(f"{self.base}/health", timeout=2)[0] == 200:
-                    return time.monotonic() - self.started
-            time.sleep(0.25)
-        raise RuntimeError(f"no /health 200 within {limit:.0f} s:\n{tail(self.log)}")
-
-    def stop(self) -> None:
-        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and group_alive(self.pgid):
-                self.proc.poll()  # reap the leader, or the group stays "alive" as a zombie
-                time.sleep(0.2)
-            if not group_alive(self.pgid):
-                break
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        if self in Server.live:
-            Server.live.remove(self)
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def others_running() -> list[str]:
@@ -306,13 +226,7 @@ def measure_phase(runtime: str, base: str, workload: str, clients: int, per_clie
                 tokens[0] += n
 
     before = counters(runtime, base)
-    started = time.monotonic()
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.monotonic() - started
+    seconds = run_clients(client, clients)
     time.sleep(0.5)  # vLLM publishes its counters from the engine a moment after the answer
     after = counters(runtime, base)
     d = {k: after[k] - before[k] for k in before}

@@ -35,23 +35,19 @@ About 13 minutes on 2 cores. Writes benchmarks/results/vllm_cpu.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -59,6 +55,9 @@ sys.path.insert(0, str(REPO))
 from plugins.vllm import provision  # noqa: E402
 from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 from supervisor.plugin.promtext import parse  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from serverproc import Server, free_port, group_alive, http  # noqa: E402
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
         "prompt_lookup_max": 4}
@@ -87,97 +86,20 @@ LOG_FACTS = re.compile(r"(Initializing model took|Loading weights took|torch\.co
 CPUS = os.cpu_count() or 1
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http(url: str, body: dict[str, Any] | None = None, timeout: float = 600) -> tuple[int, bytes]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data,
-                                 headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-class Server:
-    """One vLLM server in its own process group; stop() kills the whole group."""
-
-    live: ClassVar[list[Server]] = []
-
-    def __init__(self, python: Path, model: Path, eager: bool, iomp: Path | None,
-                 extra_env: dict[str, str], log: Path) -> None:
-        self.port = free_port()
-        self.log = log
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", **extra_env)
-        env.pop("LD_PRELOAD", None)
-        if iomp is not None:
-            env["LD_PRELOAD"] = str(iomp)
-        cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "bench",
-               "--speculative-config", json.dumps(SPEC, separators=(",", ":")),
-               "--max-model-len", "2048", "--dtype", "bfloat16",
-               *(["--enforce-eager"] if eager else [])]
-        self.base = f"http://127.0.0.1:{self.port}"
-        with log.open("wb") as out:
-            self.started = time.perf_counter()
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        self.pgid = self.proc.pid  # start_new_session: the group is the server's pid
-        Server.live.append(self)
-
-    def wait_ready(self, limit: float) -> float:
-        """Seconds from spawn to the first /health 200."""
-        deadline = self.started + limit
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode} before /health 200:"
-                                   f"\n{tail(self.log)}")
-            try:
-                if http(f"{self.base}/health", timeout=2)[0] == 200:
-                    return time.perf_counter() - self.started
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"no /health 200 within {limit:.0f} s:\n{tail(self.log)}")
-
-    def stop(self) -> None:
-        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and group_alive(self.pgid):
-                self.proc.poll()  # reap the leader, or the group stays "alive" as a zombie
-                time.sleep(0.2)
-            if not group_alive(self.pgid):
-                break
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        if self in Server.live:
-            Server.live.remove(self)
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+def vllm_server(python: Path, model: Path, eager: bool, iomp: Path | None,
+                extra_env: dict[str, str], log: Path) -> Server:
+    """One vLLM server (the API server and its engine) in a process group of its own."""
+    port = free_port()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", **extra_env)
+    env.pop("LD_PRELOAD", None)
+    if iomp is not None:
+        env["LD_PRELOAD"] = str(iomp)
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
+           "--speculative-config", json.dumps(SPEC, separators=(",", ":")),
+           "--max-model-len", "2048", "--dtype", "bfloat16",
+           *(["--enforce-eager"] if eager else [])]
+    return Server(cmd, env, port, log)
 
 
 def counters(base: str) -> tuple[float, float]:
@@ -304,7 +226,7 @@ def main() -> int:
                 log = logs / f"{name}-{_attempt + 1}.log"
                 ticks = cpu_ticks()
                 env = {"TORCHINDUCTOR_CACHE_DIR": str(inductor), **extra}
-                server = Server(python, model, eager, iomp if preload else None, env, log)
+                server = vllm_server(python, model, eager, iomp if preload else None, env, log)
                 pgids.append(server.pgid)
                 try:
                     ready = server.wait_ready(args.start_limit)

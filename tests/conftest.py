@@ -212,20 +212,27 @@ class DaemonProcess:
         return self.proc.returncode
 
 
-@pytest.fixture
-def start_daemon(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
+def supervised_daemons(tmp_path: Path, kind: type[DaemonProcess] = DaemonProcess,
+                       stop_timeout: float = 30) -> Iterator[Callable[[Path], DaemonProcess]]:
+    """The body of a daemon-starting fixture: yields start(fleet), then stops every daemon
+    it started and checks that no runtime outlived them."""
     daemons: list[DaemonProcess] = []
 
     def start(fleet: Path) -> DaemonProcess:
-        d = DaemonProcess(fleet)
+        d = kind(fleet)
         daemons.append(d)
         return d
 
     yield start
     for d in daemons:
-        d.stop()
+        d.stop(timeout=stop_timeout)
     # Whatever a test did, leave no runtime behind (and fail loudly if one survived).
     leftovers = runtime_pids(str(tmp_path))
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"llama-server processes outlived the daemon: {leftovers}"
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
+    yield from supervised_daemons(tmp_path)

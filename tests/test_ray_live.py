@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.conftest import (
     DaemonProcess,
     llama_target,
     runtime_pids,
+    supervised_daemons,
     wait_for,
     write_fleet,
 )
@@ -70,21 +72,9 @@ class RayDaemon(DaemonProcess):
 
 
 @pytest.fixture
-def daemons(tmp_path: Path):
-    started: list[RayDaemon] = []
-
-    def start(fleet: Path) -> RayDaemon:
-        d = RayDaemon(fleet)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.stop(timeout=60)  # stop_targets_on_exit: the actors and their servers go too
-    leftovers = runtime_pids(str(tmp_path))
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"llama-server processes outlived the daemon: {leftovers}"
+def daemons(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
+    # stop_targets_on_exit: the actors and their servers go too, which takes longer.
+    yield from supervised_daemons(tmp_path, RayDaemon, stop_timeout=60)
 
 
 def node_name(status: dict[str, Any]) -> str:
