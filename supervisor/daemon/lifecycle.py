@@ -82,7 +82,6 @@ class Daemon:
         self._started = time.time()
         self._create_time = psutil.Process().create_time()
         self.events.subscribe(self._log_event)
-        self.events.subscribe(lambda _: self.write_status())
 
     @property
     def fleet(self) -> Fleet:
@@ -100,6 +99,9 @@ class Daemon:
         with (self._single_instance(),
               EventLog(self.state_dir / "events.jsonl", self.state_health) as event_log):
             self.events.subscribe(event_log.append)
+            # After the journal: whoever reads a state in status.json finds the event that
+            # led to it already in events.jsonl (CI once saw `failed` without its event).
+            self.events.subscribe(lambda _: self.write_status())
             if killed := self.launcher.sweep_orphans():
                 self.log.warning("killed processes left by a daemon that died uncleanly",
                                  processes=killed)
