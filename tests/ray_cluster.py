@@ -5,8 +5,10 @@ resource naming them (`worker-a`, `worker-b`), which the fleet files' `ray.nodes
 Small on purpose (the test machine has 2 cores): one CPU per node in Ray's books, a
 100 MB object store, no dashboard. Node death is noticed within seconds (health checks
 every second, three misses), not Ray's default of about 15 s. Teardown kills every
-process of the cluster's session (found by its temp dir), as `ray stop` would, without
-touching any other Ray on the machine.
+process of the cluster's session, as `ray stop` would, without touching any other Ray on
+the machine: found by its temp dir in the command line or, for the agents that retitle
+themselves (`ray::DashboardAgent`) and outlive their raylet, as the raylets' children seen
+while they lived.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ class RayCluster:
     env: dict[str, str]
     started_s: float = 0.0
     nodes: dict[str, list[str]] = field(default_factory=dict)
+    _known: dict[int, psutil.Process] = field(default_factory=dict)
 
     def processes(self, marker: str | None = None) -> list[psutil.Process]:
-        """Processes of this cluster (their command line names its temp dir or session)."""
+        """Processes of this cluster whose command line names its temp dir (and `marker`)."""
         out = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmd = " ".join(proc.info["cmdline"] or [])
@@ -53,8 +56,19 @@ class RayCluster:
                 out.append(proc)
         return out
 
+    def remember(self) -> list[psutil.Process]:
+        """Every process of the cluster seen so far, descendants included. The agents retitle
+        themselves (`ray::DashboardAgent`, command line and environment overwritten) and
+        outlive their raylet, so they are known only as its children, seen while it lived."""
+        for proc in self.processes():
+            with contextlib.suppress(psutil.Error):
+                for p in [proc, *proc.children(recursive=True)]:
+                    self._known.setdefault(p.pid, p)
+        return [p for p in self._known.values() if p.is_running()]
+
     def raylet_of(self, worker: str) -> psutil.Process:
         """The raylet of a worker node: the one whose static resources name the worker."""
+        self.remember()  # its agents, before a test kills it
         for proc in self.processes("raylet"):
             cmd = " ".join(proc.cmdline())
             if proc.name() == "raylet" and worker in cmd:
@@ -68,7 +82,7 @@ class RayCluster:
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
 
     def stop(self) -> None:
-        procs = self.processes()
+        procs = self.remember()
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGTERM)

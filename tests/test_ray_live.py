@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -218,3 +219,40 @@ def test_sigterm_leaves_the_actor_running_and_a_removed_targets_actor_is_stopped
     assert removed == ["stopped the Ray actor specfleet/old: its target is no longer in the "
                        "fleet file (or no longer uses launcher: ray)"]
     wait_for(lambda: runtime_pids(str(tmp_path)) == [new_pid], 30, "the old server to go")
+
+
+def test_address_local_starts_a_private_cluster_that_goes_with_the_daemon(
+        tmp_path, model, llama_server_bin, ray_cluster, daemons, monkeypatch):
+    # The test cluster runs meanwhile: `local` must not join it. HOME in the test's directory:
+    # a local Ray 2.60 cluster turns token auth on and writes its token to ~/.ray/auth_token.
+    real_token = Path.home() / ".ray" / "auth_token"
+    had_token = real_token.exists()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    fleet = write_fleet(tmp_path, {
+        "chat": llama_target(model, llama_server_bin, launcher="ray",
+                             speculation={"method": "ngram"},
+                             health={"interval": "0.5s", "start_timeout": "120s"})},
+        ray={"address": "local", "namespace": "local-test"}, stop_targets_on_exit=True)
+
+    def started() -> tuple[DaemonProcess, list[psutil.Process]]:
+        daemon = daemons(fleet)
+        server = psutil.Process(daemon.wait_state("chat", "ready", 180)["pid"])
+        # On a cluster made of the daemon's own children, not on the test cluster.
+        assert daemon.proc.pid in [p.pid for p in server.parents()]
+        assert not set(server.parents()) & set(ray_cluster.remember())
+        assert proxy_completion(fleet, "chat")["choices"][0]["text"]
+        return daemon, psutil.Process(daemon.proc.pid).children(recursive=True)
+
+    def gone(family: list[psutil.Process]) -> bool:
+        return not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    first, family = started()
+    first.signal(signal.SIGKILL)
+    first.proc.wait(10)
+    # The raylet's agents outlive a daemon killed with -9; the next daemon's sweep ends them.
+    second, second_family = started()
+    wait_for(lambda: gone(family), 10, "the first private cluster to be gone")
+    assert "ray local cluster" in second.log()
+    assert second.stop() == 0
+    wait_for(lambda: gone(second_family), 30, "the second private cluster to go with its daemon")
+    assert real_token.exists() == had_token

@@ -60,7 +60,8 @@ class Daemon:
         self.systemd = SystemdLauncher(settings.systemd, self.state_dir)
         self.external = ExternalLauncher()
         self.ray = RayLauncher(settings.ray, settings.logs.expanduser(), self._target_named,
-                               self._target_event, settings.log_max_bytes, settings.log_backups)
+                               self._target_event, settings.log_max_bytes, settings.log_backups,
+                               self.launcher.children)
         # Every writer of the state dir reports here instead of raising (a full disk).
         self.state_health = StateDirHealth(self.state_dir, self.emit)
         self.launcher.children.report = self.state_health
@@ -150,6 +151,7 @@ class Daemon:
         await self.api.stop()
         await self.targets.records.close()
         self.systemd.close()
+        await self.ray.cluster.close()
         if self.targets.http is not None:
             await self.targets.http.close()
 

@@ -116,12 +116,21 @@ class ChildRegistry:
                 proc = psutil.Process(int(entry["pid"]))
                 if abs(proc.create_time() - float(entry["create_time"])) > 0.01:
                     continue  # the pid was recycled: not ours
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill(proc.pid)
                 killed.append(f"{name} (pid {proc.pid})")
             except (psutil.Error, ProcessLookupError, KeyError, ValueError, TypeError):
                 continue
         self._write({})
         return killed
+
+
+def _kill(pid: int) -> None:
+    """A runtime with its process group (it leads one); a process of a private Ray cluster,
+    which leads none, alone."""
+    if os.getpgid(pid) == pid:
+        os.killpg(pid, signal.SIGKILL)
+    else:
+        os.kill(pid, signal.SIGKILL)
 
 
 class ChildProcess:

@@ -13,8 +13,11 @@ import contextlib
 from types import ModuleType
 from typing import Any
 
+import psutil
+
 from supervisor.config.raysettings import RaySettings
 from supervisor.errors import SpecfleetError
+from supervisor.launcher.process import ChildRegistry
 from supervisor.launcher.ray import actor as actor_module
 from supervisor.launcher.ray.placement import NodeView, nodes_from
 
@@ -41,8 +44,13 @@ def actor_name(target: str) -> str:
 
 
 class RayCluster:
-    def __init__(self, settings: RaySettings) -> None:
+    def __init__(self, settings: RaySettings, children: ChildRegistry | None = None) -> None:
         self.settings = settings
+        # A private cluster's processes are recorded with the process launcher's children, so
+        # that the orphan sweep of a daemon started after a kill -9 removes those that outlive
+        # it (the raylet's agents do; the raylet, GCS and workers die with the daemon).
+        self.children = children
+        self._local: list[psutil.Process] = []
         self._ray: ModuleType | None = None
         self._actor_class: Any = None
         self._lock = asyncio.Lock()
@@ -71,15 +79,19 @@ class RayCluster:
     def _init(self, ray: ModuleType) -> None:
         # In a thread: ray.init then leaves the daemon's SIGTERM handling alone (it installs
         # its own handler only from the main thread).
-        address = None if self.settings.address == "local" else self.settings.address
+        # "local" as Ray spells it: a new private cluster. (None would join the cluster that
+        # `ray start` last ran on this machine, if there is one.)
+        address = self.settings.address
         try:
             if not ray.is_initialized():
                 ray.init(address=address, namespace=self.settings.namespace,
-                         log_to_driver=False, include_dashboard=False if address is None
+                         log_to_driver=False, include_dashboard=False if address == "local"
                          else None, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise SpecfleetError(f"cannot reach the Ray cluster at daemon.ray.address "
                                  f"{self.settings.address}: {exc}") from None
+        if address == "local":
+            self._record_local()
         # Ship actor.py by value: the nodes need Ray, not specfleet.
         ray.cloudpickle.register_pickle_by_value(actor_module)
         self._actor_class = ray.remote(actor_module.TargetActor)
@@ -130,3 +142,39 @@ class RayCluster:
         """Targets that have an actor in our namespace."""
         names = await asyncio.to_thread(self.ray.util.list_named_actors)
         return sorted(n[len(ACTOR_PREFIX):] for n in names if n.startswith(ACTOR_PREFIX))
+
+    async def close(self) -> None:
+        """A private cluster (`local`) goes with the daemon. Ray's shutdown stops the processes
+        ray.init started, not the agents its raylet started, which would outlive the daemon
+        (seen: `ray::DashboardAgent` and `ray::RuntimeEnvAgent`). A shared cluster stays."""
+        if self._ray is None or self.settings.address != "local":
+            return
+        await asyncio.to_thread(self._shut_down_local)
+
+    def _record_local(self) -> None:
+        # Every descendant now is the new cluster's: no runtime has been started yet.
+        self._local = psutil.Process().children(recursive=True)
+        if self.children is not None:
+            for proc in self._local:
+                self.children.add(_local_entry(proc), proc.pid)
+
+    def _shut_down_local(self) -> None:
+        # Listed before the shutdown: once the raylet is gone its agents are nobody's children.
+        # By now every other child of the daemon (a process launcher's runtime) has stopped.
+        family = psutil.Process().children(recursive=True)
+        self.ray.shutdown()
+        self._ray = None
+        for proc in family:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(family, timeout=5)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        if self.children is not None:
+            for proc in self._local:
+                self.children.remove(_local_entry(proc), proc.pid)
+
+
+def _local_entry(proc: psutil.Process) -> str:
+    return f"ray local cluster: {proc.pid}"

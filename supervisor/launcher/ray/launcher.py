@@ -25,7 +25,7 @@ import psutil
 from supervisor.config.raysettings import RaySettings
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
-from supervisor.launcher.process import OutputLog
+from supervisor.launcher.process import ChildRegistry, OutputLog
 from supervisor.launcher.ray.cluster import RayCluster, actor_name, first_line
 from supervisor.launcher.ray.placement import Choice, NodeView, choose, demand
 from supervisor.launcher.ray.process import RayProcess
@@ -75,8 +75,9 @@ class RayLauncher:
 
     def __init__(self, settings: RaySettings, log_dir: Path, target_of: Callable[[str], Target],
                  emit: Callable[[str, str], None] | None = None,
-                 max_bytes: int = 10 * 1024 * 1024, backups: int = 3) -> None:
-        self.cluster = RayCluster(settings)
+                 max_bytes: int = 10 * 1024 * 1024, backups: int = 3,
+                 children: ChildRegistry | None = None) -> None:
+        self.cluster = RayCluster(settings, children)
         self.settings = settings
         self.log_dir = log_dir
         self.target_of = target_of
