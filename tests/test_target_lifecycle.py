@@ -84,7 +84,7 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
     async with aiohttp.ClientSession() as http:
 
         def start(detaches: bool = False, clock: Callable[[], float] | None = None,
-                  adopt: bool = False, **over: Any) -> Run:
+                  adopt: bool = False, unloaded: bool = False, **over: Any) -> Run:
             world = World()
             if adopt:  # a process left running by the previous daemon
                 world.adoptable = FakeProcess(world)
@@ -101,7 +101,10 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
             backend.world = world
             bus, events = EventBus(), []
             sup = TargetSupervisor(target, backend, FakeLauncher(world, detaches), bus, http,
-                                   clock=clock or FakeClock(), rand=lambda: 0.5)
+                                   clock=clock or FakeClock(), rand=lambda: 0.5,
+                                   unloaded=unloaded)
+            # The fleet's loader, as simple as it gets: every demand loads at once.
+            sup.on_demand = lambda name, reason: sup.send(Command.START, reason)
             run = Run(sup, world, events)
             bus.subscribe(lambda e: (events.append(e), run.notify()))
             runs.append(run)
@@ -460,8 +463,66 @@ async def test_a_process_that_dies_while_loading_backs_off(start_target):
 
 # --- the table itself ---
 
+# --- on demand: unloaded, loaded by a request, unloaded again; none of it a restart ---
+
+async def test_an_on_demand_target_loads_at_the_first_request_and_unloads_without_a_restart(
+        start_target):
+    run = start_target(unloaded=True)
+    await run.reaches(S.UNLOADED)
+    assert run.world.starts == [] and run.sup.unavailable_reason() is None
+    assert await run.sup.wait_serving(5)  # the request's wait loads it
+    run.sup.send(Command.START, "another request")  # while it runs: nothing happens
+    run.sup.counted_unload("idle")
+    run.sup.send(Command.UNLOAD, "idle for 600 s")
+    await run.reaches(S.UNLOADED, times=2)
+    assert run.transitions == ON_DEMAND
+    assert run.process.signals == ["SIGTERM"] and len(run.world.starts) == 1
+    status = run.sup.status()
+    assert status.restarts == 0 and status.restarts_by_reason == {}
+    assert status.on_demand["loads"] == 1 and status.on_demand["unloads"] == {"idle": 1}
+    assert status.on_demand["cold_start_s"] is not None
+    assert [e.kind for e in run.events if e.kind == "load"] == ["load"]
+    assert await run.sup.wait_serving(5)  # and loads again
+    assert run.sup.status().on_demand["loads"] == 2
+
+
+ON_DEMAND = [(S.STOPPED, S.UNLOADED), (S.UNLOADED, S.STARTING), *RESTART_TO_READY,
+             (S.READY, S.STOPPING), (S.STOPPING, S.UNLOADED)]
+
+
+async def test_unloading_a_crashed_target_ends_its_backoff_and_a_failed_one_stays_failed(
+        start_target):
+    run = start_target(restart={"backoff_initial": 30, "backoff_max": 30})
+    await run.reaches(S.READY)
+    run.process.exit(1)
+    await run.reaches(S.BACKOFF)
+    run.sup.send(Command.UNLOAD, "evicted to load other")
+    await run.reaches(S.UNLOADED)
+    assert run.transitions[-2:] == [(S.READY, S.BACKOFF), (S.BACKOFF, S.UNLOADED)]
+
+    broken = start_target(restart={"max_crashes": 1})
+    await broken.reaches(S.READY)
+    broken.process.exit(1)
+    await broken.reaches(S.FAILED)
+    broken.sup.send(Command.UNLOAD, "idle")
+    broken.sup.send(Command.RETUNE, "a marker: the unload was handled before it")
+    await asyncio.sleep(0.05)
+    assert broken.sup.state is S.FAILED
+
+
+async def test_a_load_the_fleet_refuses_answers_waiting_requests_at_once(start_target):
+    run = start_target(unloaded=True)
+    await run.reaches(S.UNLOADED)
+    run.sup.on_demand = lambda name, reason: run.sup.refuse_load(
+        "cannot load: 1.00 GiB short on GPU 0 (held by pinned, not evictable)")
+    assert not await run.sup.wait_serving(5)
+    assert run.sup.unavailable_reason() == ("unloaded: cannot load: 1.00 GiB short on GPU 0 "
+                                            "(held by pinned, not evictable)")
+    assert run.transitions == [(S.STOPPED, S.UNLOADED)]
+
+
 SCENARIOS = [START, CRASH_AND_RESTART, LOADING_CRASH_LOOP, READY_TO_FAILED, DEGRADED_AND_BACK,
-             HANG, PLANNED_RESTART, SHUTDOWN, DETACH,
+             HANG, PLANNED_RESTART, SHUTDOWN, DETACH, ON_DEMAND, [(S.BACKOFF, S.UNLOADED)],
              [(S.STARTING, S.FAILED), (S.FAILED, S.STARTING), (S.BACKOFF, S.STOPPED),
               (S.LOADING, S.STOPPING), (S.DEGRADED, S.STOPPING), (S.DEGRADED, S.FAILED),
               (S.LOADING, S.DETACHED), (S.DEGRADED, S.DETACHED), (S.STOPPING, S.FAILED),

@@ -157,12 +157,32 @@ def check_ray(target: Target) -> list[Problem]:
     return []
 
 
+def check_loading(target: Target) -> list[Problem]:
+    """On-demand keys that cannot do what they say (docs/on-demand.md)."""
+    base = ("targets", target.name)
+    if target.launcher == "external" and target.swaps:
+        key = "start" if target.start == "on_demand" else \
+            "idle_unload" if target.idle_unload is not None else "group"
+        return [Problem((*base, key), "an external server is not started or stopped by "
+                        "specfleet, so it cannot load on demand, unload or swap; remove "
+                        f"{key} or use another launcher")]
+    if target.group is not None and not target.evictable:
+        return [Problem((*base, "evictable"), f"a member of group {target.group!r} is "
+                        "unloaded whenever another member loads; evictable: false contradicts "
+                        "that: remove one of them")]
+    if target.idle_unload == 0:
+        return [Problem((*base, "idle_unload"), "0 would unload the target as soon as it is "
+                        "loaded; use a duration such as 10m, or remove idle_unload")]
+    return []
+
+
 def cross_check(fleet: Fleet) -> list[Problem]:
     problems = check_ports(fleet)
     for target in fleet.targets.values():
         problems += check_speculation(target)
         problems += check_restart_and_health(target)
         problems += check_ray(target)
+        problems += check_loading(target)
     if not fleet.targets:
         problems.append(Problem(("targets",), "no targets are defined; the daemon will idle",
                                 "warning"))

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
+from supervisor.config.loading import LoadingDefaults, LoadingKeys
 from supervisor.config.paths import default_state_dir
 from supervisor.config.raysettings import RayPlacement, RaySettings
 from supervisor.config.scalars import env_name
@@ -182,7 +183,7 @@ class Tuning(_Strict):
         "Threshold of the Page-Hinkley drift test on the acceptance rate; lower reacts sooner."))
 
 
-class TargetDefaults(_Strict):
+class TargetDefaults(LoadingDefaults):
     """Keys under `defaults:`; every target inherits them (mappings merge key by key)."""
 
     backend: str | None = None
@@ -201,7 +202,7 @@ class TargetDefaults(_Strict):
     ray: RayPlacement | None = None
 
 
-class Target(_Strict):
+class Target(LoadingKeys):
     """One LLM server: a runtime (the backend) serving one model on one port."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description=(

@@ -22,6 +22,7 @@ from supervisor.api.token import read_api_token
 from supervisor.atomicfile import LOG_ONLY, StateReport
 from supervisor.config.loader import load_fleet
 from supervisor.config.schema import Fleet, Target
+from supervisor.daemon.ondemand import OnDemandLoader
 from supervisor.errors import FleetFileError
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer, held_vram
@@ -52,6 +53,7 @@ class FleetSupervisors:
         self.tuning_store = TuningStore(state_dir / "tuning.json", report)
         self.records = RunRecorder(state_dir, report)
         self.supervisors: dict[str, TargetSupervisor] = {}
+        self.on_demand = OnDemandLoader(lambda: self.supervisors, placer)
         self.http: aiohttp.ClientSession | None = None
         self._reload_lock = asyncio.Lock()
         # The last reload that was rejected, shown in the daemon block until one succeeds.
@@ -71,16 +73,29 @@ class FleetSupervisors:
                                log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
                                records=self.records, launcher_name=target.launcher,
-                               start_reason=reason)
+                               start_reason=reason, unloaded=self._starts_unloaded(target))
+        self.on_demand.attach(sup)
         self.supervisors[target.name] = sup
         task = sup.start_owner_task()
         if self.on_owner_error is not None:
             task.add_done_callback(self.on_owner_error)
 
+    def _starts_unloaded(self, target: Target) -> bool:
+        """On demand; or a target that swaps and is not among the most that fit at once
+        (it loads at its first request, like an on-demand one)."""
+        if target.start == "on_demand":
+            return True
+        plan = self.placer.fleet_plan.plan if self.placer.fleet_plan else None
+        return target.swaps and plan is not None and plan.room is not None \
+            and target.name not in plan.at_once
+
     async def stop_all(self, reason: str) -> None:
+        self.on_demand.close()
         # Reverse file order: what was listed first (often what others depend on) stops last.
+        # Targets that swap are never left running: the next daemon starts them unloaded.
         for sup in reversed(list(self.supervisors.values())):
-            if sup.launcher.detaches and not self.fleet.daemon.stop_targets_on_exit:
+            if sup.launcher.detaches and not self.fleet.daemon.stop_targets_on_exit \
+                    and not sup.target.swaps:
                 await sup.detach(f"{reason}; stop_targets_on_exit is false")
             else:
                 await sup.shutdown(reason)

@@ -133,7 +133,8 @@ class Daemon:
         await self.targets.plan(self.fleet)
         await self._listen()
         self._background = [asyncio.create_task(self.monitor.run(), name="monitor"),
-                            asyncio.create_task(self._watchdog(), name="watchdog")]
+                            asyncio.create_task(self._watchdog(), name="watchdog"),
+                            asyncio.create_task(self.targets.on_demand.run(), name="idle")]
         for target in self.fleet.targets.values():
             self.targets.add(target)
         # The first reconcile is done: every target is started, adopted or refused.

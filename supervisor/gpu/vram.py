@@ -20,6 +20,7 @@ an EAGLE-3 or MTP head likewise, with its own (few) layers.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from supervisor.models.facts import ModelFacts
@@ -132,6 +133,7 @@ class Demand:
     estimate: Estimate
     gpus: tuple[int, ...] | str | None  # as in the fleet file; None = let the planner choose
     fills_memory: bool = False  # vLLM-style: takes a fraction of the GPU, not what it needs
+    swaps: bool = False  # loaded on demand and unloaded (docs/on-demand.md)
 
     @property
     def need(self) -> int:
@@ -153,6 +155,10 @@ class Plan:
     assignments: dict[str, Assignment] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # target -> why, with the numbers
     planned: dict[int, int] = field(default_factory=dict)  # gpu -> bytes assigned
+    # When the targets that swap do not all fit at once: the room they share on each GPU
+    # (after the targets that always run), and which of them fit together (file order).
+    room: dict[int, int] | None = None
+    at_once: tuple[str, ...] = ()
 
     def available(self, gpu: int) -> int:
         device = next(d for d in self.devices if d.index == gpu)
@@ -184,6 +190,46 @@ def plan(demands: list[Demand], devices: list[Device], headroom: int) -> Plan:
         _place(result, demand, (best.index,))
     _split_fill_targets(result, demands)
     return result
+
+
+def plan_fleet(demands: list[Demand], devices: list[Device], headroom: int) -> Plan:
+    """`plan`, for a fleet where some targets swap: if everything fits at once, that plan.
+    Otherwise the targets that always run are planned together (and refused as by `plan`),
+    and each target that swaps is placed alone in the room they leave: it must fit there by
+    itself, and is loaded beside the others as far as the room goes (gpu/swap.py)."""
+    whole = plan(demands, devices, headroom)
+    swapping = [d for d in demands if d.swaps]
+    if not whole.refused or not swapping or not devices:
+        return whole
+    result = plan([d for d in demands if not d.swaps], devices, headroom)
+    left = [Device(d.index, d.name, d.total, d.free - result.planned.get(d.index, 0))
+            for d in devices]
+    result.room = {d.index: d.free - headroom for d in left}
+    for demand in swapping:
+        alone = plan([demand], left, headroom)
+        result.refused.update({t: f"{why}, even with no other on-demand target loaded"
+                               for t, why in alone.refused.items()})
+        result.assignments.update(alone.assignments)
+    result.at_once = _largest_together([d for d in swapping if d.target not in result.refused],
+                                       left, headroom)
+    return result
+
+
+def _largest_together(demands: list[Demand], devices: list[Device],
+                      headroom: int) -> tuple[str, ...]:
+    """The most targets that fit at once (the worst case for memory): every subset, largest
+    first, for up to 12 targets; past that, greedily in file order."""
+    if len(demands) > 12:
+        fits: list[Demand] = []
+        for d in demands:
+            if not plan([*fits, d], devices, headroom).refused:
+                fits.append(d)
+        return tuple(d.target for d in fits)
+    for size in range(len(demands), 0, -1):
+        for subset in itertools.combinations(demands, size):
+            if not plan(list(subset), devices, headroom).refused:
+                return tuple(d.target for d in subset)
+    return ()
 
 
 def _place(result: Plan, demand: Demand, gpus: tuple[int, ...]) -> None:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 
 class Command(enum.Enum):
-    # (Nothing stops a target and keeps its owner task yet; on-demand loading will add
-    # START and STOP here, with their rows in the table below.)
+    START = "start"  # load an unloaded target (on demand); nothing for one that runs
+    UNLOAD = "unload"  # drain in-flight requests, stop, and wait unloaded for the next START
     RESTART = "restart"  # a planned restart (drain in-flight requests, stop, start), or a start
     RETUNE = "retune"  # apply the tuner's pending decision to the next launch, then as RESTART
     SHUTDOWN = "shutdown"  # stop the process and end the owner task
@@ -37,18 +37,25 @@ class Next(enum.Enum):
 
     RUN = "run"  # (re)start the process
     IDLE = "idle"  # no process; wait for a command
+    UNLOADED = "unloaded"  # no process, on purpose; wait for a command (START loads it)
+    KEEP = "keep"  # nothing changes: the process runs on
     EXIT = "exit"  # end the owner task (the process stopped, or left running for DETACH)
 
 
 # The whole table. RETUNE applies the pending decision first in every phase; it then
 # restarts a running target, starts one that was backing off, and leaves a stopped one
-# stopped (the decision applies when it next starts).
+# stopped (the decision applies when it next starts). START loads a target that does not
+# run and leaves one that runs alone; UNLOAD stops a target without counting a restart.
+# (An idle target that is failed stays failed on UNLOAD: the owner checks its state.)
 _TABLE: dict[Phase, dict[Command, Next]] = {
-    Phase.IDLE: {Command.RESTART: Next.RUN, Command.RETUNE: Next.IDLE,
+    Phase.IDLE: {Command.START: Next.RUN, Command.UNLOAD: Next.UNLOADED,
+                 Command.RESTART: Next.RUN, Command.RETUNE: Next.IDLE,
                  Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
-    Phase.BACKOFF: {Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
+    Phase.BACKOFF: {Command.START: Next.RUN, Command.UNLOAD: Next.UNLOADED,
+                    Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
                     Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
-    Phase.RUNNING: {Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
+    Phase.RUNNING: {Command.START: Next.KEEP, Command.UNLOAD: Next.UNLOADED,
+                    Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
                     Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
 }
 
@@ -58,5 +65,10 @@ def next_step(phase: Phase, command: Command) -> Next:
 
 
 def is_planned_restart(command: Command) -> bool:
-    """Commands that restart a running process on purpose: in-flight requests are drained."""
-    return command in (Command.RESTART, Command.RETUNE)
+    """Commands that stop a running process on purpose: in-flight requests are drained."""
+    return command in (Command.RESTART, Command.RETUNE, Command.UNLOAD)
+
+
+def counts_as_restart(command: Command) -> bool:
+    """Loads on demand are counted apart from restarts (they are not failures or changes)."""
+    return command is not Command.START

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ class ProxyRequests:
         self.count = 0  # completions whose timings the runtime returned
         self.draft_tokens = 0
         self.accepted_tokens = 0
+        self.last_used: float | None = None  # wall clock of the last request's start or end
 
     @property
     def in_flight(self) -> int:
@@ -34,9 +36,11 @@ class ProxyRequests:
         self._in_flight += 1
         self._peak = max(self._peak, self._in_flight)
         self._idle.clear()
+        self.last_used = time.time()
         try:
             yield
         finally:
+            self.last_used = time.time()
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()

@@ -8,6 +8,7 @@ reads the owner's state, and acts through the owner's command queue.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -34,6 +35,9 @@ class ServedTargetMixin:
 
     def send(self, command: Command, reason: str) -> None:
         raise NotImplementedError
+
+    demand: Callable[[str], None]  # load it if unloaded (target/ondemand.py)
+    load_refused: str | None
 
     @property
     def serving(self) -> bool:
@@ -67,11 +71,16 @@ class ServedTargetMixin:
         self.requests.observe(timings)
 
     def restart(self, reason: str) -> None:
-        self.send(Command.RESTART, reason)
+        if self.state is State.UNLOADED:
+            self.demand(reason)  # a load, with room made by the fleet as for a request
+        else:
+            self.send(Command.RESTART, reason)
 
     def unavailable_reason(self) -> str | None:
         """Why the target will not serve until someone acts (None: it serves, or is on its
-        way: starting, loading, backing off, restarting)."""
+        way: starting, loading, backing off, restarting, unloaded and loading on demand)."""
+        if self.state is State.UNLOADED:
+            return f"unloaded: {self.load_refused}" if self.load_refused else None
         if self.serving or self._wanted:
             return None
         why = self.last_event.reason if self.last_event else ""
@@ -83,6 +92,7 @@ class ServedTargetMixin:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not self.serving:
+            self.demand("a request through the proxy")  # unloaded: load it (on demand)
             remaining = deadline - loop.time()
             if remaining <= 0 or self.unavailable_reason() is not None:
                 return False

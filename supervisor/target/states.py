@@ -15,13 +15,14 @@ class State(enum.StrEnum):
     FAILED = "failed"  # gave up; needs a change or a manual restart
     STOPPING = "stopping"
     DETACHED = "detached"  # left running when the daemon exited (systemd units); adopted later
+    UNLOADED = "unloaded"  # not running on purpose: loads on its next request (on demand)
 
 
 # States in which the runtime takes requests (degraded: its probes fail, it still answers).
 SERVING = frozenset({State.READY, State.DEGRADED})
 
 ALLOWED: dict[State, frozenset[State]] = {
-    State.STOPPED: frozenset({State.STARTING}),
+    State.STOPPED: frozenset({State.STARTING, State.UNLOADED}),
     State.STARTING: frozenset({State.LOADING, State.FAILED}),  # start-up failures are final
     State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
                               State.DETACHED}),
@@ -29,8 +30,11 @@ ALLOWED: dict[State, frozenset[State]] = {
                             State.DETACHED}),
     State.DEGRADED: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
                                State.DETACHED}),
-    State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FAILED}),  # internal error
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FAILED,  # internal error
+                              State.UNLOADED}),
     State.FAILED: frozenset({State.STARTING}),
-    State.STOPPING: frozenset({State.STOPPED, State.STARTING, State.FAILED}),  # internal error
+    State.STOPPING: frozenset({State.STOPPED, State.STARTING, State.FAILED,  # internal error
+                               State.UNLOADED}),
     State.DETACHED: frozenset(),
+    State.UNLOADED: frozenset({State.STARTING}),
 }

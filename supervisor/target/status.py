@@ -40,6 +40,8 @@ class TargetStatus:
     requests: dict[str, Any] = field(default_factory=dict)  # seen by the proxy (docs/api.md)
     # the tuning window per concurrency bucket (tuning/load.py), with busy time and throughput
     by_load: dict[str, Any] = field(default_factory=dict)
+    # start mode, loads and unloads, the last cold-start wait (target/ondemand.py)
+    on_demand: dict[str, Any] = field(default_factory=dict)
 
 
 def counters_view(m: MetricsSample | None) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 Everything else sends it commands (target/commands.py) through a queue; only the
 owner task changes the state, through `_set_state`, which checks the transition
 against ALLOWED (target/states.py), drops no-op transitions and emits an event.
-The owner task is in one of three phases (idle, backing off, running); in each it
-waits for a command and asks `commands.next_step` what the command means there.
+In each of its phases (idle or unloaded, backing off, running) the owner task waits
+for a command and asks `commands.next_step` what the command means there.
 """
 
 from __future__ import annotations
@@ -24,29 +24,35 @@ from supervisor.gpu.placement import Placer
 from supervisor.launcher.base import Launcher, RunningProcess, local_pid
 from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
 from supervisor.target import restart_policy
-from supervisor.target.commands import Command, Next, Phase, Request, is_planned_restart, next_step
+from supervisor.target.commands import (
+    Command,
+    Next,
+    Phase,
+    Request,
+    counts_as_restart,
+    is_planned_restart,
+    next_step,
+)
+from supervisor.target.explain import explain_exit, explain_hang, pairing_warnings
+from supervisor.target.ondemand import OnDemandMixin
 from supervisor.target.probes import HealthWatch, poll_metrics, tree_cpu_seconds
 from supervisor.target.requests import ProxyRequests
 from supervisor.target.runrecord import RunRecorder
 from supervisor.target.served import ServedTargetMixin
 from supervisor.target.states import ALLOWED, State
-from supervisor.target.status import TargetStatus, counters_view, exit_description
+from supervisor.target.status import TargetStatus, counters_view
 from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.quantities import shown
 from supervisor.tuning.store import TuningStore
 
-# Lines of the runtime's output a failure is explained from: the reason can be far from
-# the end (vLLM prints tracebacks, then ~40 lines of nanobind leak reports at exit).
-EXPLAIN_LINES = 200
 
-
-class TargetSupervisor(ServedTargetMixin):
+class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
     def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
                  tuning_store: TuningStore | None = None, placer: Placer | None = None,
                  records: RunRecorder | None = None, launcher_name: str = "process",
-                 start_reason: str = "daemon started") -> None:
+                 start_reason: str = "daemon started", unloaded: bool = False) -> None:
         self.target = target
         self.backend = backend
         self.launcher = launcher
@@ -82,6 +88,8 @@ class TargetSupervisor(ServedTargetMixin):
         self._commands: asyncio.Queue[Request] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._pending_reason = start_reason  # the reason the next start will carry
+        self._start_unloaded = unloaded  # on demand: wait for the first request
+        self._init_on_demand()
 
     @property
     def name(self) -> str:
@@ -139,7 +147,8 @@ class TargetSupervisor(ServedTargetMixin):
             metrics=counters_view(self.metrics), tuning=self.tuner.view(window),
             retunes=self.tuner.retunes, log_file=self.log_file, placement=dict(self.placement),
             resources=dict(self.resources) if alive else {}, warnings=list(self.warnings),
-            requests=self.requests.view(), by_load=self.tuner.by_load.view())
+            requests=self.requests.view(), by_load=self.tuner.by_load.view(),
+            on_demand=self.on_demand_view())
 
     # --- the owner task ---
 
@@ -156,12 +165,16 @@ class TargetSupervisor(ServedTargetMixin):
             self.placer.released(self.name)  # loaded (its memory now shows in NVML), or gone
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
         self.state, self.since, self.last_event = new, event.time, event
-        self._changed.set_result(None)  # wake the proxy's waiters (served.py)
-        self._changed = asyncio.get_running_loop().create_future()
+        self._on_demand_state(new)
+        self._wake_waiters()  # the proxy's (served.py), the on-demand loader's
         self.events.emit(event)
 
     async def run(self) -> None:
         step = Next.RUN
+        if self._start_unloaded:
+            self._wanted = False
+            self._set_state(State.UNLOADED, f"{self._pending_reason}; loads on demand")
+            step = Next.IDLE
         try:
             while step is not Next.EXIT:
                 try:
@@ -178,7 +191,7 @@ class TargetSupervisor(ServedTargetMixin):
             await self.process.wait()
 
     async def _step(self, step: Next) -> Next:
-        if step is Next.IDLE:
+        if step in (Next.IDLE, Next.UNLOADED):
             return self._dispatch(await self._commands.get(), Phase.IDLE)
         outcome = await self._run_once()
         return await self._after_failure(outcome) if isinstance(outcome, Failure) else outcome
@@ -204,9 +217,15 @@ class TargetSupervisor(ServedTargetMixin):
             self.tuner.apply_pending()
         if step is Next.RUN:
             self._pending_reason = request.reason
-            self._count_restart(request.command.value)
+            self.load_refused = None
+            if counts_as_restart(request.command):
+                self._count_restart(request.command.value)
+            else:
+                self.loads += 1
             if phase is Phase.IDLE:  # a manual start after giving up counts crashes anew
                 self._crash_times, self._oom_times = [], []
+        elif step is Next.UNLOADED and self.state is State.STOPPED:
+            self._set_state(State.UNLOADED, request.reason)
         return step
 
     def _count_restart(self, why: str) -> None:
@@ -240,7 +259,8 @@ class TargetSupervisor(ServedTargetMixin):
             return Next.RUN
         step = self._dispatch(request, Phase.BACKOFF)
         if step is not Next.RUN:
-            self._set_state(State.STOPPED, request.reason)
+            self._set_state(State.UNLOADED if step is Next.UNLOADED else State.STOPPED,
+                            request.reason)
         return step
 
     async def _run_once(self) -> Next | Failure:
@@ -310,11 +330,7 @@ class TargetSupervisor(ServedTargetMixin):
 
     async def _check_pairing(self) -> None:
         """The pairing guard before every start (cached per file, so cheap after the first)."""
-        findings = await asyncio.to_thread(self.backend.pairing_findings)
-        errors = [f.message for f in findings if f.level == "error"]
-        if errors:
-            raise StartRefused("; ".join(errors))
-        warnings = [f.message for f in findings if f.level == "warning"]
+        warnings = await pairing_warnings(self.backend)
         if warnings != self.warnings:
             for message in warnings:
                 self._event("pairing", message, level="warning")
@@ -331,7 +347,7 @@ class TargetSupervisor(ServedTargetMixin):
         metrics_task = asyncio.create_task(poll_metrics(
             self.target.health, lambda: self.backend.read_metrics(self.http),
             lambda: self.serving, self._on_sample))
-        command_task = asyncio.create_task(self._commands.get())
+        command_task = asyncio.create_task(self._command_while_serving())
         try:
             done, _ = await asyncio.wait({exit_task, command_task, health_task},
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -342,13 +358,20 @@ class TargetSupervisor(ServedTargetMixin):
         if command_task in done:
             return await self._command_while_running(proc, command_task.result())
         if health_task in done:
-            failure = self._explain_hang(proc, health_task.result())
+            failure = explain_hang(self.backend, proc, health_task.result())
             proc.kill()
             await exit_task
         else:
-            failure = self._explain_exit(proc, exit_task.result())
+            failure = explain_exit(self.backend, proc, exit_task.result())
         self.failure_output = proc.output_tail() or None
         return failure
+
+    async def _command_while_serving(self) -> Request:
+        """The next command that changes something for a running process (not START)."""
+        while True:
+            request = await self._commands.get()
+            if next_step(Phase.RUNNING, request.command) is not Next.KEEP:
+                return request
 
     async def _command_while_running(self, proc: RunningProcess, request: Request) -> Next:
         step = self._dispatch(request, Phase.RUNNING)
@@ -361,29 +384,11 @@ class TargetSupervisor(ServedTargetMixin):
             # New requests wait (the target is no longer serving); those in flight finish.
             await self.requests.drained(self.target.restart.stop_grace)
         await proc.stop(self.target.restart.stop_grace)
-        if step is not Next.RUN:
+        if step is Next.UNLOADED:
+            self._set_state(State.UNLOADED, request.reason)
+        elif step is not Next.RUN:
             self._set_state(State.STOPPED, f"stopped ({request.reason})")
         return step
-
-    def _explain_hang(self, proc: RunningProcess, failure: Failure) -> Failure:
-        """A process that stopped answering may have said why (vLLM's API server lingers,
-        not listening, after its engine died): the runtime's own reason, when it gave one."""
-        if failure.kind != FailureKind.HANG:
-            return failure
-        said = self.backend.explain_failure(proc.output_tail(EXPLAIN_LINES), None)
-        if said is None or said.kind == FailureKind.HANG:
-            return failure
-        return Failure(said.kind, f"{said.summary} (then it stopped answering: "
-                       f"{failure.summary})", said.retryable)
-
-    def _explain_exit(self, proc: RunningProcess, code: int) -> Failure:
-        if proc.oom_killed():
-            return Failure(FailureKind.OUT_OF_MEMORY, "out of host memory: killed by the "
-                           "kernel's OOM killer (SIGKILL, and oom_kill rose in its cgroup's "
-                           "memory.events)")
-        return self.backend.explain_failure(proc.output_tail(EXPLAIN_LINES), code) or Failure(
-            FailureKind.CRASH, f"{self.backend.description or self.target.backend} "
-                               f"{exit_description(code)}")
 
     def _on_sample(self, sample: MetricsSample) -> None:
         self.metrics = sample

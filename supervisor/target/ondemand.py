@@ -1,0 +1,92 @@
+"""A target's side of on-demand loading (docs/on-demand.md): asking the fleet for a load,
+and the book of loads, unloads and cold-start waits shown in its status.
+
+A mixin of TargetSupervisor, like served.py. The decisions (which target to unload for
+which, when) are the fleet's (daemon/ondemand.py); a target only asks, and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.config.schema import Target
+from supervisor.target.requests import ProxyRequests
+from supervisor.target.states import State
+
+
+class OnDemandMixin:
+    target: Target
+    state: State
+    requests: ProxyRequests
+    started_at: float | None
+    _changed: asyncio.Future[None]  # resolved (and replaced) at every state change
+
+    # Set by the fleet: called with (target, reason) to load an unloaded target.
+    on_demand: Callable[[str, str], None] | None = None
+
+    def _init_on_demand(self) -> None:
+        self.loads = 0  # starts on demand, apart from restarts
+        self.unloads: dict[str, int] = {}  # by reason: idle, evicted, group
+        self.load_refused: str | None = None  # why no load can make room (the fleet says)
+        self.cold_starts: list[float] = []  # seconds from the demand to ready, each load
+        self._demanded_at: float | None = None
+
+    def _event(self, kind: str, reason: str, **data: Any) -> None:
+        raise NotImplementedError
+
+    def demand(self, reason: str) -> None:
+        """A request wants this target: load it if it is unloaded (the fleet decides when)."""
+        if self.state is not State.UNLOADED or self.on_demand is None:
+            return
+        if self._demanded_at is None:
+            self._demanded_at = time.monotonic()
+        self.on_demand(self.target.name, reason)
+
+    def _on_demand_state(self, new: State) -> None:
+        """Book-keeping at each state change of the owner."""
+        if new is State.READY and self._demanded_at is not None:
+            waited = time.monotonic() - self._demanded_at
+            self._demanded_at = None
+            self.cold_starts = [*self.cold_starts[-99:], waited]
+            self._event("load", f"loaded on demand: the first request waited {waited:.2f} s",
+                        waited_s=round(waited, 3))
+        elif new in (State.FAILED, State.STOPPED):
+            self._demanded_at = None
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        """Wait until `done()` holds, looked at after each state change."""
+        while not done():
+            await asyncio.shield(self._changed)
+
+    def _wake_waiters(self) -> None:
+        self._changed.set_result(None)
+        self._changed = asyncio.get_running_loop().create_future()
+
+    def refuse_load(self, why: str) -> None:
+        """No unload can make room: requests waiting for it are answered now, with `why`."""
+        self.load_refused = why
+        self._demanded_at = None
+        self._event("load", why, level="error")
+        self._wake_waiters()
+
+    def note_wait(self, seconds: float, why: str) -> None:
+        self._event("load", f"waits {seconds:.1f} s before another target may be unloaded "
+                    f"for it (min_residency; {why})", wait_s=round(seconds, 3))
+
+    def counted_unload(self, why: str) -> None:
+        self.unloads[why] = self.unloads.get(why, 0) + 1
+
+    def last_used(self) -> float:
+        """Wall-clock time of the last request through the proxy (or of the start)."""
+        return self.requests.last_used or self.started_at or 0.0
+
+    def on_demand_view(self) -> dict[str, Any]:
+        t = self.target
+        return {"start": t.start, "idle_unload": t.idle_unload, "evictable": t.evictable,
+                "group": t.group, "loads": self.loads, "unloads": dict(self.unloads),
+                "last_used": self.requests.last_used,
+                "cold_start_s": round(self.cold_starts[-1], 3) if self.cold_starts else None,
+                "load_refused": self.load_refused}
