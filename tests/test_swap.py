@@ -3,6 +3,9 @@ whose on-demand targets do not all fit (vram.plan_fleet): pure, plain numbers.""
 
 from __future__ import annotations
 
+import pytest
+
+from supervisor.gpu import nvml as gpus
 from supervisor.gpu import swap, vram
 from supervisor.gpu.vram import GiB
 
@@ -101,3 +104,47 @@ def test_the_most_that_fit_at_once_is_searched_not_taken_in_file_order():
     plan = vram.plan_fleet([demand("big", 7), demand("s1", 3), demand("s2", 3),
                             demand("s3", 3)], devices, 0)
     assert plan.at_once == ("s1", "s2", "s3")
+
+
+def test_check_shows_which_on_demand_targets_swap_and_refuses_one_that_never_fits(
+        tmp_path, model, capsys):
+    from supervisor.cli.main import main
+    from tests.conftest import llama_target, write_fleet
+    if gpus.read().gpus:
+        pytest.skip("this machine has an NVIDIA GPU: the declared memory would not be used")
+    targets = {n: llama_target(model, "/bin/true", start="on_demand") for n in ("a", "b", "c")}
+    fleet = write_fleet(tmp_path, targets, gpu={"memory": ["2GiB"], "headroom": "0"})
+    assert main(["check", str(fleet)]) == 0
+    out = capsys.readouterr().out
+    assert "On-demand targets do not all fit at once: they share GPU 0 2.00 GiB" in out
+    assert "the most that run at once: a, b" in out
+    assert "swapped in on demand (evicting the least recently used): c" in out
+    # Where even one alone cannot fit, the fleet is refused as before.
+    fleet = write_fleet(tmp_path, targets, gpu={"memory": ["300MiB"], "headroom": "0"})
+    assert main(["check", str(fleet)]) == 2
+    err = capsys.readouterr().err
+    assert "targets.a: does not fit in GPU memory: needs" in err
+    assert "even with no other on-demand target loaded" in err
+    # Targets that always run keep today's behaviour: a fleet that does not fit is refused.
+    always = {n: llama_target(model, "/bin/true") for n in ("a", "b", "c")}
+    fleet = write_fleet(tmp_path, always, gpu={"memory": ["2GiB"], "headroom": "0"})
+    assert main(["check", str(fleet)]) == 2
+    assert "targets.c: does not fit in GPU memory" in capsys.readouterr().err
+
+
+def test_fleet_file_errors_for_loading_keys_name_the_key(tmp_path, model):
+    from supervisor.config.loader import load_fleet
+    from supervisor.errors import FleetFileError
+    from tests.conftest import llama_target, write_fleet
+    cases = [({"launcher": "external", "start": "on_demand"}, "targets.t.start",
+              "an external server is not started or stopped by specfleet"),
+             ({"group": "chat", "evictable": False}, "targets.t.evictable",
+              "evictable: false contradicts that"),
+             ({"idle_unload": "0s"}, "targets.t.idle_unload", "use a duration such as 10m"),
+             ({"start": "lazy"}, "targets.t.start", "on_demand")]
+    for over, path, message in cases:
+        fleet = write_fleet(tmp_path, {"t": llama_target(model, "/bin/true", **over)})
+        with pytest.raises(FleetFileError) as caught:
+            load_fleet(fleet)
+        text = "\n".join(caught.value.problems)
+        assert path in text and message in text, text

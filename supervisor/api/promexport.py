@@ -89,6 +89,27 @@ class FleetCollector:
                 rss.add_metric(labels, resources["rss_bytes"])
         yield from (state, ready, restarts, by_reason, rate, mean_len, length, tps, vram, rss)
         yield from _by_load(targets, family)
+        yield from _on_demand(targets, family)
+
+
+def _on_demand(targets: list[dict[str, Any]],
+               family: Callable[..., GaugeMetricFamily]) -> Iterator[Metric]:
+    """Loads and unloads on demand (docs/on-demand.md): not restarts, counted on their own."""
+    loads = CounterMetricFamily("specfleet_target_loads", "Starts on demand (a request for "
+                                "an unloaded target).", labels=LABELS)
+    unloads = CounterMetricFamily("specfleet_target_unloads", "Unloads, by reason: idle "
+                                  "(idle_unload) or evicted (to load another target).",
+                                  labels=[*LABELS, "reason"])
+    cold = family("specfleet_target_cold_start_seconds", "How long the first request waited "
+                  "at the last load on demand.")
+    for t in targets:
+        labels, view = [t["name"], t["backend"]], t.get("on_demand") or {}
+        loads.add_metric(labels, view.get("loads", 0))
+        for reason in ("idle", "evicted"):
+            unloads.add_metric([*labels, reason], (view.get("unloads") or {}).get(reason, 0))
+        if view.get("cold_start_s") is not None:
+            cold.add_metric(labels, view["cold_start_s"])
+    yield from (loads, unloads, cold)
 
 
 def _by_load(targets: list[dict[str, Any]],

@@ -220,6 +220,24 @@ def _by_load(by_load: dict[str, Any]) -> list[str]:
             for r in rows]
 
 
+def _on_demand(view: dict[str, Any]) -> list[str]:
+    """Loading on demand (docs/on-demand.md), for targets that use it."""
+    if view.get("start", "always") == "always" and view.get("idle_unload") is None \
+            and not view.get("group"):
+        return []
+    unloads = ", ".join(f"{n} {why}" for why, n in (view.get("unloads") or {}).items())
+    cold = view.get("cold_start_s")
+    line = (f"  on demand    start {view.get('start')}, loads {view.get('loads', 0)}, "
+            f"unloads {unloads or 0}, last cold start "
+            + (f"{cold:.2f} s" if cold is not None else "-"))
+    extra = [f"idle_unload {format_duration(view['idle_unload'])}"] \
+        if view.get("idle_unload") else []
+    extra += [f"group {view['group']}"] if view.get("group") else []
+    extra += ["pinned (evictable: false)"] if view.get("evictable") is False else []
+    return [line] + ([f"               {', '.join(extra)}"] if extra else []) + (
+        [f"  not loading  {view['load_refused']}"] if view.get("load_refused") else [])
+
+
 def render_target(target: dict[str, Any], record: dict[str, Any] | None,
                   now: float | None = None) -> str:
     """One target in detail, with the record of what actually ran at its last launch."""
@@ -241,6 +259,7 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
                         if placement.get("memory_fraction") else ""))
     for warning in target.get("warnings") or []:
         lines.append(f"  warning      {warning}")
+    lines += _on_demand(target.get("on_demand") or {})
     lines += _by_load(target.get("by_load") or {})
     if record is None:
         lines.append("  (no run record: the target has not been launched)")

@@ -11,6 +11,7 @@ valid values (from the annotation, its validators and its bounds), its default a
 from __future__ import annotations
 
 import re
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -197,6 +198,9 @@ def describe_type(annotation: Any, metadata: list[Any]) -> str:
     if origin is typing.Annotated:
         inner, *extra = typing.get_args(annotation)
         return describe_type(inner, [*metadata, *extra])
+    members = [m for m in typing.get_args(annotation) if m is not type(None)]
+    if origin in (typing.Union, types.UnionType) and len(members) == 1:
+        return describe_type(members[0], metadata)  # Optional: the unit of what it holds
     kinds = _unwrap(annotation)
     if len(kinds) > 1:
         return " or ".join(describe_type(kind, []) for kind in kinds)

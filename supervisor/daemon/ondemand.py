@@ -77,8 +77,14 @@ class OnDemandLoader:
             assignment = self.placer.assignment(name)
             return dict(assignment.per_gpu) if room is not None and assignment else {}
 
+        def started(o: TargetSupervisor) -> float:
+            # Still starting: its process (and its residency) has not begun; started_at
+            # is the last run's.
+            return self.clock() if o.state is State.STARTING or o.started_at is None \
+                else o.started_at
+
         loaded = [swap.Loaded(o.name, share(o.name), o.target.evictable,
-                              o.started_at or self.clock(), o.last_used(),
+                              started(o), o.last_used(),
                               o.requests.in_flight, o.target.min_residency, o.target.group)
                   for o in self.supervisors().values()
                   if o is not sup and o.target.swaps and o.state not in _NOT_LOADED

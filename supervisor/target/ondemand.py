@@ -43,6 +43,7 @@ class OnDemandMixin:
             return
         if self._demanded_at is None:
             self._demanded_at = time.monotonic()
+        self.load_refused = None  # decided afresh: the memory may have been freed since
         self.on_demand(self.target.name, reason)
 
     def _on_demand_state(self, new: State) -> None:

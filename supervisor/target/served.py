@@ -91,8 +91,10 @@ class ServedTargetMixin:
         will not come back by itself."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        self.demand("a request through the proxy")  # unloaded: load it (on demand)
         while not self.serving:
-            self.demand("a request through the proxy")  # unloaded: load it (on demand)
+            if self.load_refused is None:  # unloaded meanwhile (idle, evicted): load again
+                self.demand("a request through the proxy")
             remaining = deadline - loop.time()
             if remaining <= 0 or self.unavailable_reason() is not None:
                 return False

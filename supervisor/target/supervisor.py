@@ -172,7 +172,6 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
     async def run(self) -> None:
         step = Next.RUN
         if self._start_unloaded:
-            self._wanted = False
             self._set_state(State.UNLOADED, f"{self._pending_reason}; loads on demand")
             step = Next.IDLE
         try:
@@ -212,7 +211,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
     def _dispatch(self, request: Request, phase: Phase) -> Next:
         """The one place a command takes effect on the owner's plans (commands.py's table)."""
         step = next_step(phase, request.command)
-        self._wanted = step is Next.RUN
+        self._wanted = step in (Next.RUN, Next.UNLOADED)  # unloaded: back on demand
         if request.command is Command.RETUNE:
             self.tuner.apply_pending()
         if step is Next.RUN:
