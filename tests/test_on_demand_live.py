@@ -232,3 +232,24 @@ def test_alternating_clients_swap_at_most_once_per_minimum_residency(
     waits = [e for n in ("left", "right") for e in daemon.events(n)
              if e["kind"] == "load" and "min_residency" in e["reason"]]
     assert waits  # the other side waited for the residency, visibly
+
+
+def test_a_group_swaps_its_members_without_a_vram_plan_and_an_api_restart_loads(
+        tmp_path, model, llama_server_bin, start_daemon):
+    # No daemon.gpu.memory and no GPU: nothing is planned, but a group still swaps.
+    fleet = write_fleet(tmp_path, {n: on_demand(model, llama_server_bin, group="big")
+                                   for n in ("one", "two")})
+    daemon = start_daemon(fleet)
+    daemon.wait_state("one", "unloaded", 30)
+    with urllib.request.urlopen(f"{proxy(fleet)}/v1/models", timeout=30) as resp:
+        models = {m["id"]: m["ready"] for m in json.loads(resp.read())["data"]}
+    assert models == {"one": False, "two": False}
+    assert complete(fleet, "one") and complete(fleet, "two")
+    assert loaded(daemon) == {"two"}
+    assert unload_reasons(daemon, "one") == ["evicted to load two (group big)"]
+    api = yaml.safe_load(fleet.read_text())["daemon"]["api"]
+    req = urllib.request.Request(f"http://{api}/v1/targets/one/restart", b"", method="POST")
+    with urllib.request.urlopen(req, timeout=30):
+        pass
+    daemon.wait_state("one", "ready", 60)  # the restart of an unloaded target is a load
+    assert loaded(daemon) == {"one"} and daemon.target("one")["restarts_by_reason"] == {}
