@@ -508,6 +508,7 @@ async def test_unloading_a_crashed_target_ends_its_backoff_and_a_failed_one_stay
     broken.sup.send(Command.RETUNE, "a marker: the unload was handled before it")
     await asyncio.sleep(0.05)
     assert broken.sup.state is S.FAILED
+    assert broken.sup.unavailable_reason() is not None  # requests are not held for it
 
 
 async def test_a_load_the_fleet_refuses_answers_waiting_requests_at_once(start_target):

@@ -211,7 +211,8 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
     def _dispatch(self, request: Request, phase: Phase) -> Next:
         """The one place a command takes effect on the owner's plans (commands.py's table)."""
         step = next_step(phase, request.command)
-        self._wanted = step in (Next.RUN, Next.UNLOADED)  # unloaded: back on demand
+        # Unloaded comes back on demand; a failed target stays failed (and not wanted).
+        self._wanted = step is Next.RUN or (step is Next.UNLOADED and self.state != State.FAILED)
         if request.command is Command.RETUNE:
             self.tuner.apply_pending()
         if step is Next.RUN:
