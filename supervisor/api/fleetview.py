@@ -76,3 +76,15 @@ class FleetView(Protocol):
         """None: no token configured; "" (matches nothing): configured but unreadable."""
 
     def litellm_config(self) -> dict[str, Any]: ...
+
+    # --- for the status page (docs/ui.md) ---
+
+    def record_request(self, target: str, status: int, started: float, duration: float,
+                       tail: bytes, stream: bool, error: str | None = None) -> None:
+        """A request through the proxy, for the activity list."""
+
+    def recent_requests(self, limit: int | None = None) -> list[dict[str, Any]]: ...
+
+    def history(self, name: str, since: float | None = None) -> dict[str, Any]: ...
+
+    def log_tail(self, name: str, lines: int) -> list[str]: ...

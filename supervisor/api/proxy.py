@@ -19,8 +19,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from supervisor.api.auth import auth_middleware
+from supervisor.api.common import errors_as_json, json_error, named_target, serve
 from supervisor.api.fleetview import FleetView, ServedTarget
-from supervisor.api.server import auth_middleware, errors_as_json, json_error, named_target, serve
 
 # Hop-by-hop and length headers are the proxy's own business, not passed through.
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
@@ -78,23 +79,37 @@ class Proxy:
             body["model"] = upstream_model
             raw = json.dumps(body).encode()
         deadline = time.monotonic() + self.hold
+        began = time.time()
+        stream = body.get("stream") is True
         resent = False
         while True:
             if not await target.wait_serving(deadline - time.monotonic()):
-                return self._unavailable(target)
+                return self._failed(target, began, stream, self._unavailable(target))
             try:
                 async with target.relaying():
-                    return await self._relay(request, target, raw)
+                    response, tail = await self._relay(request, target, raw)
+                self.fleet.record_request(target.name, response.status, began,
+                                          time.time() - began, tail, stream)
+                return response
             except _NotSent as exc:
                 # Nothing reached the client yet. Refused connections (the target is
                 # restarting) are retried until `hold`; a request the runtime received and
                 # then dropped without an answer (it died) is resent once, no more.
                 if exc.received:
                     if resent:
-                        return json_error(502, f"target {target.name!r} dropped the request "
-                                          "without an answer twice (it was resent once)")
+                        return self._failed(target, began, stream, json_error(
+                            502, f"target {target.name!r} dropped the request without an "
+                            "answer twice (it was resent once)"))
                     resent = True
                 await asyncio.sleep(0.05)
+
+    def _failed(self, target: ServedTarget, began: float, stream: bool,
+                response: web.Response) -> web.Response:
+        """A request answered by the proxy itself, listed in the activity too."""
+        self.fleet.record_request(target.name, response.status, began, time.time() - began,
+                                  b"", stream, error=json.loads(response.text or "{}")
+                                  .get("error"))
+        return response
 
     def _unavailable(self, target: ServedTarget) -> web.Response:
         if (why := target.unavailable_reason()) is not None:
@@ -105,7 +120,8 @@ class Proxy:
                           f"become ready within {self.hold:g}s (daemon.proxy.hold)")
 
     async def _relay(self, request: web.Request, target: ServedTarget,
-                     raw: bytes) -> web.StreamResponse:
+                     raw: bytes) -> tuple[web.StreamResponse, bytes]:
+        """The runtime's response relayed to the client, and the tail of its body."""
         assert self._session is not None
         headers = {"Content-Type": "application/json", **target.auth_headers()}
         if accept := request.headers.get("Accept"):
@@ -136,11 +152,11 @@ class Proxy:
                 # complete one.
                 if request.transport is not None:
                     request.transport.close()
-                return response
+                return response, tail
             await response.write_eof()
         if (timings := _timings(tail)) is not None:
             target.observe_timings(timings)
-        return response
+        return response, tail
 
 
 class _NotSent(Exception):

@@ -2,81 +2,39 @@
 
 GET /healthz answers for the daemon itself and never touches a model (LiteLLM-style
 health checks that run a completion per model would load models). With a token
-configured, everything else needs `Authorization: Bearer <token>`. Malformed requests
-get a 4xx with a JSON body `{"error": ...}`; nothing a client sends yields a 5xx.
+configured, everything else needs `Authorization: Bearer <token>` or a status-page
+session (auth.py). The status page itself is ui.py. Malformed requests get a 4xx with a
+JSON body `{"error": ...}`; nothing a client sends yields a 5xx.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from supervisor import __version__
-from supervisor.api.fleetview import FleetView, ServedTarget
+from supervisor.api.auth import Sessions, auth_middleware
+from supervisor.api.common import errors_as_json, named_target, serve
+from supervisor.api.fleetview import FleetView
 from supervisor.api.promexport import registry_for
+from supervisor.api.ui import LOGIN, StatusPages
 from supervisor.events import Event
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPEN_PATHS = {"/healthz"}
-
-
-def json_error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
-async def serve(app: web.Application, address: str) -> web.AppRunner:
-    """Listen on HOST:PORT; the runner's cleanup() stops it."""
-    host, _, port = address.rpartition(":")
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host.strip("[]"), int(port)).start()
-    return runner
-
-
-def auth_middleware(token: Callable[[], str | None], open_paths: set[str]) -> Any:
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        expected = token()
-        if expected is not None and request.path not in open_paths:
-            given = request.headers.get("Authorization", "")
-            if not expected or not hmac.compare_digest(given.encode(),
-                                                       f"Bearer {expected}".encode()):
-                return json_error(401, "missing or wrong token (Authorization: Bearer ...)")
-        return await handler(request)
-    return check
-
-
-@web.middleware
-async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status >= 400 and exc.content_type != "application/json":
-            return json_error(exc.status, exc.reason)
-        raise
-
-
-def named_target(fleet: FleetView, name: str) -> ServedTarget:
-    """The target called `name`, or a 404 that lists the targets."""
-    target = fleet.served_target(name)
-    if target is None:
-        raise web.HTTPNotFound(reason=f"no target {name!r}; targets: "
-                               f"{', '.join(fleet.target_names()) or '(none)'}")
-    return target
+OPEN_PATHS = {"/healthz", LOGIN, "/ui/logout"}  # a logout needs no credentials
+PAGES = ("/", "/ui")  # sent to the login page, not answered 401
 
 
 class ApiServer:
     def __init__(self, fleet: FleetView) -> None:
         self.fleet = fleet
         self._runner: web.AppRunner | None = None
+        self.sessions = Sessions()
         self.app = web.Application(middlewares=[
-            errors_as_json, auth_middleware(fleet.api_token, OPEN_PATHS)])
+            errors_as_json, auth_middleware(fleet.api_token, OPEN_PATHS, self.sessions,
+                                            PAGES, LOGIN)])
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/v1/targets", self.targets)
         self.app.router.add_get("/v1/targets/{name}", self.target)
@@ -85,6 +43,7 @@ class ApiServer:
         self.app.router.add_get("/v1/events", self.events)
         self.app.router.add_get("/v1/litellm", self.litellm)
         self.app.router.add_get("/metrics", self.metrics)
+        StatusPages(fleet, self.sessions).add_routes(self.app)
         self._metrics = registry_for(fleet)
 
     async def start(self, address: str) -> None:

@@ -18,10 +18,12 @@ from typing import Any
 import aiohttp
 
 from supervisor.api import litellm
+from supervisor.api.activity import RequestLog
 from supervisor.api.token import read_api_token
 from supervisor.atomicfile import LOG_ONLY, StateReport
 from supervisor.config.loader import load_fleet
 from supervisor.config.schema import Fleet, Target
+from supervisor.daemon.history import History
 from supervisor.daemon.ondemand import OnDemandLoader
 from supervisor.errors import FleetFileError
 from supervisor.events import Event, EventBus
@@ -54,6 +56,10 @@ class FleetSupervisors:
         self.records = RunRecorder(state_dir, report)
         self.supervisors: dict[str, TargetSupervisor] = {}
         self.on_demand = OnDemandLoader(lambda: self.supervisors, placer)
+        self.activity = RequestLog()
+        self.histories = History(state_dir / "history", report=report)
+        events.subscribe(self.histories.mark)
+        self._sampled: dict[str, object] = {}  # target -> the counters last put in history
         self.http: aiohttp.ClientSession | None = None
         self._reload_lock = asyncio.Lock()
         # The last reload that was rejected, shown in the daemon block until one succeeds.
@@ -222,3 +228,46 @@ class FleetSupervisors:
             if node:
                 entry["model_info"]["node"] = node
         return config
+
+    # --- for the status page (docs/ui.md) ---
+
+    def record_request(self, target: str, status: int, started: float, duration: float,
+                       tail: bytes, stream: bool, error: str | None = None) -> None:
+        self.activity.record(target, status, started, duration, tail, stream, error)
+
+    def recent_requests(self, limit: int | None = None) -> list[dict[str, Any]]:
+        return self.activity.recent(limit)
+
+    def history(self, name: str, since: float | None = None) -> dict[str, Any]:
+        return self.histories.view(name, since)
+
+    def sample_history(self) -> None:
+        """Each target's shown quantities, when its counters were read anew."""
+        for name, sup in self.supervisors.items():
+            if sup.metrics is not None and sup.metrics is not self._sampled.get(name):
+                self._sampled[name] = sup.metrics
+                self.histories.sample(name, sup.status().shown)
+
+    def log_tail(self, name: str, lines: int) -> list[str]:
+        """The last `lines` lines of the target's log file (its runtime's output)."""
+        sup = self.supervisors.get(name)
+        if sup is None or not sup.log_file:
+            return []
+        return tail_lines(Path(sup.log_file), lines)
+
+
+def tail_lines(path: Path, lines: int, chunk: int = 65536) -> list[str]:
+    """The last `lines` lines of a file, reading only as much of its end as needed."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            data = b""
+            while size > 0 and data.count(b"\n") <= lines:
+                step = min(chunk, size)
+                size -= step
+                f.seek(size)
+                data = f.read(step) + data
+    except OSError:
+        return []
+    return data.decode(errors="replace").splitlines()[-lines:]

@@ -43,6 +43,7 @@ from supervisor.launcher.ray.launcher import RayLauncher
 from supervisor.launcher.systemd import units
 from supervisor.launcher.systemd.launcher import SystemdLauncher
 from supervisor.plugin.registry import BackendRegistry
+from supervisor.target.probes import sleep_to_next_tick
 
 STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happens
 
@@ -134,7 +135,8 @@ class Daemon:
         await self._listen()
         self._background = [asyncio.create_task(self.monitor.run(), name="monitor"),
                             asyncio.create_task(self._watchdog(), name="watchdog"),
-                            asyncio.create_task(self.targets.on_demand.run(), name="idle")]
+                            asyncio.create_task(self.targets.on_demand.run(), name="idle"),
+                            asyncio.create_task(self._sample_history(), name="history")]
         for target in self.fleet.targets.values():
             self.targets.add(target)
         # The first reconcile is done: every target is started, adopted or refused.
@@ -155,6 +157,12 @@ class Daemon:
         await self.ray.cluster.close()
         if self.targets.http is not None:
             await self.targets.http.close()
+
+    async def _sample_history(self) -> None:
+        # Once a second: each target's counters are read at its own metrics_interval.
+        while True:
+            await sleep_to_next_tick(1.0)
+            self.targets.sample_history()
 
     async def _main_loop(self) -> None:
         while True:

@@ -1,0 +1,118 @@
+"""The status page's side of the API listener (docs/ui.md): the pages (static files shipped
+in the package, no build step), the browser's login with the API token, and what the
+pages read that the API did not have: a target's history, its log tail, the requests.
+
+A login sets one cookie, the session (HttpOnly, SameSite=Strict); the page then reads
+its CSRF token from /ui/session and sends it in a header with every state-changing
+request (auth.py checks both). Without a configured token (a loopback-only
+daemon) the pages need no login, as the API needs no token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from supervisor.api.auth import CSRF_HEADER, SESSION_COOKIE, Sessions
+from supervisor.api.common import named_target
+from supervisor.api.fleetview import FleetView
+
+UI_DIR = Path(__file__).parent / "ui"
+LOGIN = "/ui/login"
+
+
+class StatusPages:
+    def __init__(self, fleet: FleetView, sessions: Sessions) -> None:
+        self.fleet = fleet
+        self.sessions = sessions
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/", self.root)
+        app.router.add_get("/ui", self.page)
+        app.router.add_get(LOGIN, self.login_page)
+        app.router.add_post(LOGIN, self.login)
+        app.router.add_post("/ui/logout", self.logout)
+        app.router.add_get("/ui/session", self.session)
+        app.router.add_static("/ui/static", UI_DIR / "static", show_index=False)
+        app.router.add_get("/v1/targets/{name}/history", self.history)
+        app.router.add_get("/v1/targets/{name}/logs", self.logs)
+        app.router.add_get("/v1/requests", self.requests)
+
+    async def root(self, request: web.Request) -> web.Response:
+        return _redirect("/ui")
+
+    async def page(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(UI_DIR / "index.html", headers=_NO_STORE)
+
+    async def login_page(self, request: web.Request) -> web.Response:
+        if self.fleet.api_token() is None:
+            return _redirect("/ui")  # nothing to log in to
+        return _login_html()
+
+    async def login(self, request: web.Request) -> web.Response:
+        expected = self.fleet.api_token()
+        if expected is None:
+            return _redirect("/ui")
+        given = str((await request.post()).get("token", ""))
+        if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+            return _login_html("Wrong token.", status=401)
+        response = _redirect("/ui")
+        response.set_cookie(SESSION_COOKIE, self.sessions.create(), httponly=True,
+                            samesite="Strict", path="/", max_age=int(self.sessions.ttl))
+        return response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        self.sessions.drop(request.cookies.get(SESSION_COOKIE, ""))
+        response = _redirect(LOGIN)
+        response.del_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    async def session(self, request: web.Request) -> web.Response:
+        """The CSRF token of the caller's session (auth.py let only the logged-in through)."""
+        csrf = self.sessions.csrf(request.cookies.get(SESSION_COOKIE, "")) or ""
+        return web.json_response({"csrf": csrf, "csrf_header": CSRF_HEADER,
+                                  "login": self.fleet.api_token() is not None},
+                                 headers=_NO_STORE)
+
+    async def history(self, request: web.Request) -> web.Response:
+        name = named_target(self.fleet, request.match_info["name"]).name
+        try:
+            since = float(request.query["since"]) if "since" in request.query else None
+        except ValueError:
+            raise web.HTTPBadRequest(reason="since must be a number (seconds since the "
+                                            "epoch)") from None
+        return web.json_response(self.fleet.history(name, since))
+
+    async def logs(self, request: web.Request) -> web.Response:
+        name = named_target(self.fleet, request.match_info["name"]).name
+        try:
+            lines = max(1, min(5000, int(request.query.get("lines", "200"))))
+        except ValueError:
+            raise web.HTTPBadRequest(reason="lines must be an integer") from None
+        return web.json_response({"target": name, "time": time.time(),
+                                  "lines": self.fleet.log_tail(name, lines)})
+
+    async def requests(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "0")) or None
+        except ValueError:
+            raise web.HTTPBadRequest(reason="limit must be an integer") from None
+        return web.json_response({"requests": self.fleet.recent_requests(limit)})
+
+
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _redirect(location: str) -> web.Response:
+    # 303: the browser follows a POST's answer with a GET.
+    return web.Response(status=303, headers={"Location": location, **_NO_STORE})
+
+
+def _login_html(error: str = "", status: int = 200) -> web.Response:
+    page = (UI_DIR / "login.html").read_text(encoding="utf-8")
+    note = f'<p class="error" role="alert">{error}</p>' if error else ""
+    return web.Response(text=page.replace("<!--error-->", note), status=status,
+                        content_type="text/html", headers=_NO_STORE)
