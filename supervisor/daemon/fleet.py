@@ -64,6 +64,7 @@ class FleetSupervisors:
         self._reload_lock = asyncio.Lock()
         # The last reload that was rejected, shown in the daemon block until one succeeds.
         self.rejected_reload: dict[str, Any] | None = None
+        self.last_reload: dict[str, Any] | None = None  # the last one applied
         # Called with (old fleet, new fleet) during a reload, before targets change.
         self.before_apply: Callable[[Fleet, Fleet], Any] | None = None
         self.after_apply: Callable[[Fleet], Any] | None = None
@@ -153,6 +154,8 @@ class FleetSupervisors:
         # was fixed (the model file, the binary, something outside specfleet).
         retried = [n for n, sup in self.supervisors.items()
                    if n in new_targets and n not in changed and sup.state == State.FAILED]
+        self.last_reload = {"time": time.time(), "added": added, "removed": removed,
+                            "changed": changed, "retried": retried}
         self.emit("reload", f"reloaded {self.fleet_path}: {len(added)} added, {len(removed)} "
                   f"removed, {len(changed)} changed, {len(retried)} failed retried",
                   data={"added": added, "removed": removed, "changed": changed,
@@ -200,7 +203,8 @@ class FleetSupervisors:
         return str(self.fleet_path)
 
     def daemon_info(self) -> dict[str, Any]:
-        return {**self._daemon_info(), "rejected_reload": self.rejected_reload}
+        return {**self._daemon_info(), "last_reload": self.last_reload,
+                "rejected_reload": self.rejected_reload}
 
     def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         return [asdict(s.status()) for n, s in self.supervisors.items()

@@ -94,7 +94,7 @@ const views = {
     const marks = hist.marks || [];
     const markRows = marks.slice(-50).reverse().map((m) => el("tr", { class: "mark", "data-kind": m.kind },
       el("td", {}, fmt.time(m.t)), el("td", {}, m.kind + (m.state ? " → " + m.state : "")),
-      el("td", {}, m.reason), el("td", { class: "muted" }, m.data ? JSON.stringify(m.data) : "")));
+      el("td", {}, m.reason), el("td", { class: "muted" }, numbers(m.data))));
     const log = el("pre", { class: "log", id: "log" }, "…");
     main.replaceChildren(el("h2", {}, name), facts,
       el("div", { class: "toolbar" }, el("button", { class: "act restart", onclick: () => doRestart(name) }, "Restart"),
@@ -126,15 +126,30 @@ const views = {
     const { body } = await api("/v1/targets");
     const d = body.daemon || {};
     const rejected = d.rejected_reload;
+    const applied = d.last_reload;
     main.replaceChildren(el("h2", {}, "Daemon"),
       el("dl", { class: "facts", id: "daemon" }, ...Object.entries(d)
-        .filter(([k]) => k !== "rejected_reload")
+        .filter(([k]) => k !== "rejected_reload" && k !== "last_reload")
         .flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))])),
       el("h3", {}, "Last reload"),
+      el("p", {}, applied ? `applied at ${fmt.time(applied.time)}: added ${applied.added.join(", ") || "none"}, ` +
+        `removed ${applied.removed.join(", ") || "none"}, changed ${applied.changed.join(", ") || "none"}` : "none since the daemon started"),
       rejected ? el("div", { class: "problems" }, `rejected at ${fmt.time(rejected.time)}:\n` + rejected.problems.join("\n"))
         : el("p", { class: "ok" }, "No rejected reload."));
   },
 };
+
+// A decision's numbers in a line: its scalar values and those of its evidence (the
+// per-position arrays stay in the API's JSON).
+function numbers(data) {
+  if (!data) return "";
+  const flat = Object.assign({}, data, data.evidence || {});
+  delete flat.evidence;
+  return Object.entries(flat)
+    .filter(([, v]) => v === null || typeof v !== "object")
+    .map(([k, v]) => `${k} ${typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v}`)
+    .join(", ");
+}
 
 function requestsTable(list) {
   if (!list.length) return el("p", { class: "empty" }, "No requests yet.");
@@ -197,7 +212,7 @@ function marksPlugin(marks) {
         if (!near) { tip.hidden = true; return; }
         const rect = u.over.getBoundingClientRect();
         tip.textContent = `${fmt.time(near.t)} ${near.kind}${near.state ? " → " + near.state : ""}\n${near.reason}` +
-          (near.data ? "\n" + JSON.stringify(near.data) : "");
+          (near.data ? "\n" + numbers(near.data) : "");
         tip.style.left = `${rect.left + left + 12}px`;
         tip.style.top = `${rect.top + (u.cursor.top || 0) + 12}px`;
         tip.hidden = false;
