@@ -97,12 +97,31 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     drive(daemon, "coder", lambda: tuning_events(daemon, "coder"), CODE)
     decision = tuning_events(daemon, "coder")[0]
     wait_for(lambda: daemon.target("coder").get("state") == "ready", 60, "coder back")
+
+    def samples_after_the_decision() -> bool:
+        req = urllib.request.Request(f"{api}/v1/targets/coder/history",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            samples = json.loads(resp.read())["samples"]
+        return bool(samples) and samples[-1]["t"] > decision["time"]
+    # Traffic on: its counters are read after the decision too (the mark inside the chart).
+    assert proxy_completion(fleet, "coder")["choices"][0]["text"]
+    wait_for(samples_after_the_decision, 30, "history after the decision")
     page.goto(f"{api}/ui#/target/coder")
     chart = page.locator('.chart[data-series="tokens_per_second"]')
     chart.wait_for(timeout=30_000)
     assert int(chart.get_attribute("data-points") or 0) > 0
     tuning = page.locator('#marks tr[data-kind="tuning"]')
     assert tuning.count() >= 1 and decision["reason"] in tuning.first.inner_text()
+    # Hovering the decision's line on a chart shows its numbers.
+    x, y = page.evaluate("""(t) => {
+        const u = S.charts[0], box = u.over.getBoundingClientRect();
+        return [box.left + u.valToPos(t, "x"), box.top + box.height / 2]; }""", decision["time"])
+    page.mouse.move(x, y)
+    tip = page.locator("#tip")
+    tip.wait_for(state="visible", timeout=5_000)
+    assert decision["reason"] in tip.inner_text() and "action " in tip.inner_text()
+    page.mouse.move(0, 0)
     page.locator("#log").filter(has_text="srv").wait_for(timeout=10_000)
     page.screenshot(path=str(shots / "ui-target.png"), full_page=True)
 

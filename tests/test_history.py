@@ -1,0 +1,59 @@
+"""A target's history for the status page (daemon/history.py): bounded by age and count, on
+disk for the next daemon, marks only for what matters."""
+
+from __future__ import annotations
+
+import json
+
+from supervisor.daemon.history import History
+from supervisor.events import Event
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_samples_and_marks_are_kept_read_back_by_the_next_daemon_and_aged_out(tmp_path):
+    clock = Clock()
+    h = History(tmp_path, keep=3600, clock=clock)
+    h.sample("coder", {"tokens_per_second": 40.0, "acceptance_rate": 0.5, "other": 1})
+    h.sample("coder", {"tokens_per_second": None})  # nothing to chart: not kept
+    h.mark(Event("coder", "tuning", "length 8 -> 5", data={"action": "retune"},
+                 time=clock.now + 1))
+    h.mark(Event("coder", "state", "pid 42 started", "starting", "loading", time=clock.now + 2))
+    h.mark(Event("coder", "state", "restart", "stopping", "starting", time=clock.now + 3))
+    h.mark(Event("-", "reload", "reloaded"))
+    view = h.view("coder")
+    assert view["samples"] == [{"t": clock.now, "tokens_per_second": 40.0,
+                                "acceptance_rate": 0.5, "mean_accepted_length": None,
+                                "draft_length": None}]
+    assert [(m["kind"], m.get("state")) for m in view["marks"]] == [("tuning", None),
+                                                                   ("state", "starting")]
+    assert view["marks"][0]["data"] == {"action": "retune"}
+
+    clock.now += 1800
+    again = History(tmp_path, keep=3600, clock=clock)  # a restarted daemon
+    assert again.view("coder") == view
+    assert again.view("coder", since=clock.now - 1800)["samples"] == []
+    clock.now += 3600  # everything is older than keep now
+    assert History(tmp_path, keep=3600, clock=clock).view("coder")["marks"] == []
+
+
+def test_the_file_is_rewritten_from_memory_when_it_doubles_and_torn_lines_are_skipped(tmp_path):
+    clock = Clock()
+    h = History(tmp_path, max_points=10, clock=clock)
+    for i in range(25):
+        clock.now += 1
+        h.sample("t", {"tokens_per_second": float(i)})
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert len(lines) <= 20  # rewritten at twice max_points, appended since
+    assert len(h.view("t")["samples"]) == 10 and h.view("t")["samples"][-1]["tokens_per_second"] == 24
+    with (tmp_path / "t.jsonl").open("a") as f:
+        f.write('{"t": 1000030, "s": {"tokens_per_sec')  # a crash mid-line
+    reread = History(tmp_path, max_points=10, clock=clock).view("t")["samples"]
+    assert [s["tokens_per_second"] for s in reread] == [float(i) for i in range(15, 25)]
+    assert all(json.loads(line) for line in lines)
