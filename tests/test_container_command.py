@@ -66,3 +66,23 @@ def test_the_end_of_a_container_reads_as_subprocess_would():
     assert c.exit_from_state({"Status": "exited", "ExitCode": 1}) == c.Exited(False, 1, False)
     assert c.exit_from_state({"Status": "exited", "ExitCode": 137, "OOMKilled": True}).oom_killed
     assert c.exit_from_state({"Status": "running", "Running": True}).running
+
+
+def test_a_quadlet_unit_runs_the_same_container_and_old_podman_is_told_why_not():
+    from supervisor.launcher.container import quadlet
+    assert quadlet.quadlet_support("podman version 4.3.1") == (
+        False, "podman 4.3 has no Quadlet (it came in 4.4); run the target with launcher: "
+        "container under the daemon instead")
+    assert quadlet.quadlet_support("podman version 5.2.0")[0]
+    assert not quadlet.quadlet_support("garbage")[0]
+    run = c.ContainerRun("podman", "localhost/llama-server:b11434", mounts=("/models/m.gguf",),
+                         gpus=(0,), runtime="runc", env_file="/etc/specfleet/gemma.env")
+    unit = quadlet.render("gemma", SPEC, run, stop_grace=15, env_file=run.env_file)
+    assert "ContainerName=specfleet-gemma\n" in unit
+    assert "Image=localhost/llama-server:b11434\n" in unit
+    assert f"Label={c.LABEL_SPEC}={c.spec_hash(SPEC, run)}\n" in unit
+    assert "Exec=/usr/local/bin/llama-server --model /models/m.gguf --port 8081\n" in unit
+    assert "Network=host\n" in unit and "Volume=/models/m.gguf:/models/m.gguf:ro\n" in unit
+    assert "AddDevice=nvidia.com/gpu=0\n" in unit
+    assert "PodmanArgs=--runtime=runc --ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096\n" in unit
+    assert "s3cret" not in unit and "TimeoutStopSec=15s" in unit
