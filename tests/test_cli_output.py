@@ -250,3 +250,17 @@ def test_status_shows_the_lengths_by_load_a_vllm_target_runs():
                        "lengths_by_load": {"1": 8, "2-3": 4, "8+": 0}})
     detail = statusview.render_target(t, None, now=NOW)
     assert "speculation  ngram-mod n by load 1:8 2-3:4 8+:off" in detail
+
+
+def test_status_shows_loading_on_demand_for_targets_that_use_it():
+    view = {"start": "on_demand", "idle_unload": 600.0, "evictable": False, "group": None,
+            "loads": 3, "unloads": {"idle": 2, "evicted": 1}, "cold_start_s": 1.84,
+            "load_refused": None}
+    detail = statusview.render_target(target("c", "unloaded", None, on_demand=view), None,
+                                      now=NOW)
+    assert ("on demand    start on_demand, loads 3, unloads 2 idle, 1 evicted, last cold "
+            "start 1.84 s") in detail
+    assert "idle_unload 10m00s, pinned (evictable: false)" in detail
+    always = {**view, "start": "always", "idle_unload": None}
+    assert "on demand" not in statusview.render_target(target("a", "ready", 7, on_demand=always),
+                                                       None, now=NOW)
