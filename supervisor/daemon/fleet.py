@@ -37,6 +37,7 @@ from supervisor.target.supervisor import TargetSupervisor
 from supervisor.tuning.store import TuningStore
 
 Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon event
+HISTORY_PERIOD = 5.0  # seconds: the finest step of a target's history
 
 
 class FleetSupervisors:
@@ -59,7 +60,8 @@ class FleetSupervisors:
         self.activity = RequestLog()
         self.histories = History(state_dir / "history", report=report)
         events.subscribe(self.histories.mark)
-        self._sampled: dict[str, object] = {}  # target -> the counters last put in history
+        # target -> (the counters last put in the history, when)
+        self._sampled: dict[str, tuple[object, float]] = {}
         self.http: aiohttp.ClientSession | None = None
         self._reload_lock = asyncio.Lock()
         # The last reload that was rejected, shown in the daemon block until one succeeds.
@@ -245,12 +247,17 @@ class FleetSupervisors:
     def history(self, name: str, since: float | None = None) -> dict[str, Any]:
         return self.histories.view(name, since)
 
-    def sample_history(self) -> None:
-        """Each target's shown quantities, when its counters were read anew."""
+    def sample_history(self, now: float) -> None:
+        """Each target's shown quantities, when its counters were read anew, at most every
+        HISTORY_PERIOD seconds (a status snapshot each: with counters read every second,
+        sampling each read would cost the daemon more than the rest of its idle work)."""
         for name, sup in self.supervisors.items():
-            if sup.metrics is not None and sup.metrics is not self._sampled.get(name):
-                self._sampled[name] = sup.metrics
-                self.histories.sample(name, sup.status().shown)
+            last = self._sampled.get(name)
+            if sup.metrics is None or (last is not None and (
+                    sup.metrics is last[0] or now - last[1] < HISTORY_PERIOD)):
+                continue
+            self._sampled[name] = (sup.metrics, now)
+            self.histories.sample(name, sup.status().shown, now)
 
     def log_tail(self, name: str, lines: int) -> list[str]:
         """The last `lines` lines of the target's log file (its runtime's output)."""

@@ -162,7 +162,7 @@ class Daemon:
         # Once a second: each target's counters are read at its own metrics_interval.
         while True:
             await sleep_to_next_tick(1.0)
-            self.targets.sample_history()
+            self.targets.sample_history(time.time())
 
     async def _main_loop(self) -> None:
         while True:
