@@ -81,8 +81,9 @@ class OnDemandMixin:
         self.unloads[why] = self.unloads.get(why, 0) + 1
 
     def last_used(self) -> float:
-        """Wall-clock time of the last request through the proxy (or of the start)."""
-        return self.requests.last_used or self.started_at or 0.0
+        """Wall-clock time of the last request through the proxy, or of the last start if
+        later (a target just loaded for a request is not idle before the request enters)."""
+        return max(self.requests.last_used or 0.0, self.started_at or 0.0)
 
     def on_demand_view(self) -> dict[str, Any]:
         t = self.target
