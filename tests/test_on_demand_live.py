@@ -73,6 +73,7 @@ def in_background(fn: Any, *args: Any, **kw: Any) -> tuple[threading.Thread, dic
             out["value"] = fn(*args, **kw)
         except Exception as exc:
             out["error"] = exc
+        out["ended"] = time.time()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, out
@@ -141,6 +142,10 @@ def test_a_busy_target_is_drained_before_it_is_evicted(tmp_path, model, llama_se
     assert "error" not in result and result["value"]
     stopping = next(e for e in daemon.events("x") if e.get("new") == "stopping")
     assert stopping["time"] >= asked
+    # Drained: x's server stopped only after its request was answered in full.
+    unloaded = next(e for e in daemon.events("x") if e.get("new") == "unloaded"
+                    and e.get("old") == "stopping")
+    assert unloaded["time"] >= result["ended"] - 0.1  # (two clocks read in two threads)
     assert daemon.target("y")["on_demand"]["cold_start_s"] > 0
     assert loaded(daemon) == {"y"}
 

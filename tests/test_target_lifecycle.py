@@ -506,7 +506,8 @@ async def test_unloading_a_crashed_target_ends_its_backoff_and_a_failed_one_stay
     await broken.reaches(S.FAILED)
     broken.sup.send(Command.UNLOAD, "idle")
     broken.sup.send(Command.RETUNE, "a marker: the unload was handled before it")
-    await asyncio.sleep(0.05)
+    # The owner dispatches each command as it takes it: an empty queue means both were.
+    await broken.until(lambda: broken.sup._commands.empty())
     assert broken.sup.state is S.FAILED
     assert broken.sup.unavailable_reason() is not None  # requests are not held for it
 

@@ -80,8 +80,10 @@ class FleetView(Protocol):
     # --- for the status page (docs/ui.md) ---
 
     def record_request(self, target: str, status: int, started: float, duration: float,
-                       tail: bytes, stream: bool, error: str | None = None) -> None:
-        """A request through the proxy, for the activity list."""
+                       stream: bool, final: dict[str, Any] | None,
+                       error: str | None = None) -> None:
+        """A request through the proxy, for the activity list; `final` is the object at the
+        end of its response that says what it used (timings, usage), if any."""
 
     def recent_requests(self, limit: int | None = None) -> list[dict[str, Any]]: ...
 

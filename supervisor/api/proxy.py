@@ -84,12 +84,12 @@ class Proxy:
         resent = False
         while True:
             if not await target.wait_serving(deadline - time.monotonic()):
-                return self._failed(target, began, stream, self._unavailable(target))
+                return self._failed(target, began, stream, 503, self._unavailable(target))
             try:
                 async with target.relaying():
-                    response, tail = await self._relay(request, target, raw)
+                    response, final = await self._relay(request, target, raw)
                 self.fleet.record_request(target.name, response.status, began,
-                                          time.time() - began, tail, stream)
+                                          time.time() - began, stream, final)
                 return response
             except _NotSent as exc:
                 # Nothing reached the client yet. Refused connections (the target is
@@ -97,31 +97,30 @@ class Proxy:
                 # then dropped without an answer (it died) is resent once, no more.
                 if exc.received:
                     if resent:
-                        return self._failed(target, began, stream, json_error(
-                            502, f"target {target.name!r} dropped the request without an "
-                            "answer twice (it was resent once)"))
+                        return self._failed(target, began, stream, 502,
+                                            f"target {target.name!r} dropped the request "
+                                            "without an answer twice (it was resent once)")
                     resent = True
                 await asyncio.sleep(0.05)
 
-    def _failed(self, target: ServedTarget, began: float, stream: bool,
-                response: web.Response) -> web.Response:
+    def _failed(self, target: ServedTarget, began: float, stream: bool, status: int,
+                message: str) -> web.Response:
         """A request answered by the proxy itself, listed in the activity too."""
-        self.fleet.record_request(target.name, response.status, began, time.time() - began,
-                                  b"", stream, error=json.loads(response.text or "{}")
-                                  .get("error"))
-        return response
+        self.fleet.record_request(target.name, status, began, time.time() - began, stream,
+                                  None, error=message)
+        return json_error(status, message)
 
-    def _unavailable(self, target: ServedTarget) -> web.Response:
+    def _unavailable(self, target: ServedTarget) -> str:
         if (why := target.unavailable_reason()) is not None:
-            return json_error(503, f"target {target.name!r} is {why}; it will not come back "
-                              f"by itself (POST /v1/targets/{target.name}/restart, or fix the "
-                              "fleet file and reload)")
-        return json_error(503, f"target {target.name!r} is {target.state_name()} and did not "
-                          f"become ready within {self.hold:g}s (daemon.proxy.hold)")
+            return (f"target {target.name!r} is {why}; it will not come back by itself (POST "
+                    f"/v1/targets/{target.name}/restart, or fix the fleet file and reload)")
+        return (f"target {target.name!r} is {target.state_name()} and did not become ready "
+                f"within {self.hold:g}s (daemon.proxy.hold)")
 
     async def _relay(self, request: web.Request, target: ServedTarget,
-                     raw: bytes) -> tuple[web.StreamResponse, bytes]:
-        """The runtime's response relayed to the client, and the tail of its body."""
+                     raw: bytes) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+        """The runtime's response relayed to the client, and the object at its end that
+        says what the request used (None: none, or the response was cut)."""
         assert self._session is not None
         headers = {"Content-Type": "application/json", **target.auth_headers()}
         if accept := request.headers.get("Accept"):
@@ -152,11 +151,12 @@ class Proxy:
                 # complete one.
                 if request.transport is not None:
                     request.transport.close()
-                return response, tail
+                return response, None
             await response.write_eof()
-        if (timings := _timings(tail)) is not None:
-            target.observe_timings(timings)
-        return response, tail
+        final = _final_object(tail)
+        if final is not None and isinstance(final.get("timings"), dict):
+            target.observe_timings(final["timings"])
+        return response, final
 
 
 class _NotSent(Exception):
@@ -168,13 +168,14 @@ class _NotSent(Exception):
         self.received = received
 
 
-def _timings(tail: bytes) -> dict[str, Any] | None:
-    """llama.cpp's `timings` from the end of a response, streamed or not."""
-    if b'"timings"' not in tail:
+def _final_object(tail: bytes) -> dict[str, Any] | None:
+    """The object at the end of a response that carries llama.cpp's `timings` or the
+    OpenAI `usage`: the JSON body, or a stream's last `data:` event that has them."""
+    if b'"timings"' not in tail and b'"usage"' not in tail:
         return None
     text = tail.decode(errors="replace")
-    start = text.rfind('"timings"')
-    # Streamed: the timings are in the last `data: {...}` event; plain: in the JSON body.
+    start = max(text.rfind('"timings"'), text.rfind('"usage"'))
+    # Streamed: the last `data: {...}` event holding it; plain: the JSON body.
     begin = text.rfind("data: ", 0, start)
     candidate = text[begin + 6:] if begin >= 0 else text
     candidate = candidate.split("\n\n", 1)[0].strip()
@@ -185,6 +186,4 @@ def _timings(tail: bytes) -> dict[str, Any] | None:
             data = json.loads(text)
         except ValueError:
             return None
-    if isinstance(data, dict) and isinstance(data.get("timings"), dict):
-        return data["timings"]
-    return None
+    return data if isinstance(data, dict) else None

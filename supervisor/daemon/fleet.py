@@ -238,8 +238,9 @@ class FleetSupervisors:
     # --- for the status page (docs/ui.md) ---
 
     def record_request(self, target: str, status: int, started: float, duration: float,
-                       tail: bytes, stream: bool, error: str | None = None) -> None:
-        self.activity.record(target, status, started, duration, tail, stream, error)
+                       stream: bool, final: dict[str, Any] | None,
+                       error: str | None = None) -> None:
+        self.activity.record(target, status, started, duration, stream, final, error)
 
     def recent_requests(self, limit: int | None = None) -> list[dict[str, Any]]:
         return self.activity.recent(limit)

@@ -34,7 +34,6 @@ class FleetPlan:
     on_gpu: dict[str, bool] = field(default_factory=dict)
     unavailable: str | None = None  # why nothing was planned
     host_warning: str | None = None  # targets on the CPU that may not fit in RAM
-    swaps: dict[str, bool] = field(default_factory=dict)  # target -> loads on demand
 
 
 def devices_from(snapshot: nvml.GpuSnapshot, settings: GpuSettings,
@@ -79,8 +78,7 @@ def make_plan(backends: Mapping[str, Backend], snapshot: nvml.GpuSnapshot,
             demands.append(vram.Demand(name, estimate, backend.target.gpus,  # type: ignore[arg-type]
                                        backend.fills_gpu_memory, backend.target.swaps))
     result = FleetPlan(source, vram.plan_fleet(demands, devices, settings.headroom)
-                       if devices else None, estimates, on_gpu,
-                       swaps={n: b.target.swaps for n, b in backends.items()})
+                       if devices else None, estimates, on_gpu)
     if not devices:
         result.unavailable = (f"cannot plan VRAM: {snapshot.unavailable or 'no GPU readings'}, "
                               "and daemon.gpu.memory declares none; targets start where their "
@@ -139,14 +137,12 @@ def _swap_lines(fp: FleetPlan) -> list[str]:
     plan = fp.plan
     if plan is None or plan.room is None:
         return []
-    swapping = [t for t, d in fp.swaps.items() if d and t not in plan.refused]
     room = ", ".join(f"GPU {g} {vram.gib(max(0, n))}" for g, n in sorted(plan.room.items()))
-    swapped = [t for t in swapping if t not in plan.at_once]
     return [f"On-demand targets do not all fit at once: they share {room} left by the "
             "targets that always run.",
             f"  the most that run at once: {', '.join(plan.at_once) or 'none'}",
             f"  swapped in on demand (evicting the least recently used): "
-            f"{', '.join(swapped) or 'none'}"]
+            f"{', '.join(plan.swapped) or 'none'}"]
 
 
 class Placer:

@@ -156,9 +156,11 @@ class Plan:
     refused: dict[str, str] = field(default_factory=dict)  # target -> why, with the numbers
     planned: dict[int, int] = field(default_factory=dict)  # gpu -> bytes assigned
     # When the targets that swap do not all fit at once: the room they share on each GPU
-    # (after the targets that always run), and which of them fit together (file order).
+    # (after the targets that always run), the most of them that fit together, and the
+    # others (loaded on demand by unloading some).
     room: dict[int, int] | None = None
     at_once: tuple[str, ...] = ()
+    swapped: tuple[str, ...] = ()
 
     def available(self, gpu: int) -> int:
         device = next(d for d in self.devices if d.index == gpu)
@@ -210,8 +212,9 @@ def plan_fleet(demands: list[Demand], devices: list[Device], headroom: int) -> P
         result.refused.update({t: f"{why}, even with no other on-demand target loaded"
                                for t, why in alone.refused.items()})
         result.assignments.update(alone.assignments)
-    result.at_once = _largest_together([d for d in swapping if d.target not in result.refused],
-                                       left, headroom)
+    placed = [d for d in swapping if d.target not in result.refused]
+    result.at_once = _largest_together(placed, left, headroom)
+    result.swapped = tuple(d.target for d in placed if d.target not in result.at_once)
     return result
 
 

@@ -29,9 +29,9 @@ class OnDemandMixin:
 
     def _init_on_demand(self) -> None:
         self.loads = 0  # starts on demand, apart from restarts
-        self.unloads: dict[str, int] = {}  # by reason: idle, evicted, group
+        self.unloads: dict[str, int] = {}  # by reason: idle, evicted (for memory or a group)
         self.load_refused: str | None = None  # why no load can make room (the fleet says)
-        self.cold_starts: list[float] = []  # seconds from the demand to ready, each load
+        self.cold_start: float | None = None  # seconds from the demand to ready, last load
         self._demanded_at: float | None = None
 
     def _event(self, kind: str, reason: str, **data: Any) -> None:
@@ -51,7 +51,7 @@ class OnDemandMixin:
         if new is State.READY and self._demanded_at is not None:
             waited = time.monotonic() - self._demanded_at
             self._demanded_at = None
-            self.cold_starts = [*self.cold_starts[-99:], waited]
+            self.cold_start = waited
             self._event("load", f"loaded on demand: the first request waited {waited:.2f} s",
                         waited_s=round(waited, 3))
         elif new in (State.FAILED, State.STOPPED):
@@ -90,5 +90,6 @@ class OnDemandMixin:
         return {"start": t.start, "idle_unload": t.idle_unload, "evictable": t.evictable,
                 "group": t.group, "loads": self.loads, "unloads": dict(self.unloads),
                 "last_used": self.requests.last_used,
-                "cold_start_s": round(self.cold_starts[-1], 3) if self.cold_starts else None,
+                "cold_start_s": round(self.cold_start, 3) if self.cold_start is not None
+                else None,
                 "load_refused": self.load_refused}
