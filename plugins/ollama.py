@@ -83,6 +83,11 @@ class OllamaBackend(Backend):
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
         problems = cls.check_options(target, OPTIONS)
+        if target.launcher == "container":
+            # `ollama create` registers the model with the running server from this machine:
+            # it would need the image's ollama, and the server's model store, on the host.
+            problems.append(Problem((), "launcher: container does not run Ollama; run the "
+                                    "Ollama image yourself and use launcher: external"))
         if target.host not in LOOPBACK and target.options.get("proxy_guarded") is not True \
                 and target.launcher != "external":
             problems.append(Problem(("host",), f"Ollama has no authentication: binding it to "

@@ -1,5 +1,5 @@
-"""The container engine's command lines (launcher/container/command.py, issue 18's
-groundwork): pure, every flag checked."""
+"""The container engine's command lines (launcher/container/command.py) and the Quadlet
+unit: pure, every flag checked."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from supervisor.launcher.container import command as c
 from supervisor.plugin.backend import LaunchSpec
 
+LIMITS = ("nofile=4096:4096", "nproc=4096:4096")
 SPEC = LaunchSpec(("/usr/local/bin/llama-server", "--model", "/models/m.gguf", "--port", "8081"),
                   env={"LLAMA_API_KEY": "s3cret", "CUDA_VISIBLE_DEVICES": "0"},
                   secret_env=frozenset({"LLAMA_API_KEY"}))
@@ -21,19 +22,53 @@ def test_names_are_what_an_engine_accepts():
 
 def test_podman_run_is_named_labelled_mounted_on_the_host_network_and_keeps_secrets_off_argv():
     run = c.ContainerRun("podman", "localhost/llama-server:b11434", mounts=("/models/m.gguf",),
-                         port=8081, gpus=(0, 1), runtime="runc", env_file="/run/sf/t.env")
+                         port=8081, gpus=(0, 1), runtime="runc", env_file="/run/sf/t.env",
+                         ulimits=LIMITS, owner="/var/lib/specfleet")
     argv = c.run_argv("gemma", SPEC, run)
     assert argv[:5] == ["podman", "run", "-d", "--name", "specfleet-gemma"]
     assert f"{c.LABEL_TARGET}=gemma" in argv and f"{c.LABEL_SPEC}={c.spec_hash(SPEC, run)}" in argv
+    assert f"{c.LABEL_DAEMON}=/var/lib/specfleet" in argv
     assert argv[argv.index("--runtime") + 1] == "runc"
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--ulimit"] == list(c.DEFAULT_ULIMITS)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--ulimit"] == list(LIMITS)
     assert argv[argv.index("--network") + 1] == "host" and "-p" not in argv
     assert argv[argv.index("-v") + 1] == "/models/m.gguf:/models/m.gguf:ro"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--device"] == [
         "nvidia.com/gpu=0", "nvidia.com/gpu=1"]
     assert argv[argv.index("--env-file") + 1] == "/run/sf/t.env"
-    assert argv[argv.index("localhost/llama-server:b11434") + 1:] == list(SPEC.argv)
+    # The runtime's command is the entry point: an image's own ENTRYPOINT is not prepended.
+    assert argv[argv.index("--entrypoint") + 1:] == [
+        "/usr/local/bin/llama-server", "localhost/llama-server:b11434", *SPEC.argv[1:]]
     assert not any("s3cret" in a for a in argv)
+
+
+def test_a_preflight_command_runs_once_in_the_image_with_the_same_runtime_and_limits():
+    run = c.ContainerRun("podman", "img:1", runtime="runc", ulimits=LIMITS,
+                         mounts=("/models/m.gguf",), gpus=(0,))
+    assert c.once_argv(["llama-server", "--help"], run) == [
+        "podman", "run", "--rm", "--runtime", "runc", "--ulimit", LIMITS[0], "--ulimit",
+        LIMITS[1], "--network", "host", "--entrypoint", "llama-server", "img:1", "--help"]
+
+
+def test_gpus_are_passed_by_host_index_and_renumbered_inside():
+    assert c.gpu_request(None, {"CUDA_VISIBLE_DEVICES": "2,3", "A": "1"}) == (
+        (2, 3), {"CUDA_VISIBLE_DEVICES": "0,1", "A": "1"})
+    assert c.gpu_request("none", {"CUDA_VISIBLE_DEVICES": ""}) == ((), {"CUDA_VISIBLE_DEVICES": ""})
+    assert c.gpu_request("all", {}) == ("all", {})
+    assert c.gpu_request(None, {}) == ((), {})
+    assert c.gpu_request(None, {"CUDA_VISIBLE_DEVICES": "GPU-8a1b"})[0] == "all"
+    podman = c.run_argv("t", SPEC, c.ContainerRun("podman", "img", gpus="all"))
+    docker = c.run_argv("t", SPEC, c.ContainerRun("docker", "img", gpus="all"))
+    assert podman[podman.index("--device") + 1] == "nvidia.com/gpu=all"
+    assert docker[docker.index("--gpus") + 1] == "all"
+
+
+def test_mounts_are_the_model_files_the_paths_in_the_arguments_and_the_volumes(tmp_path):
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ x }}")
+    spec = LaunchSpec((str(template), "--model", str(template), f"--chat-template-file={template}",
+                       "--port", "8081", "--alias", "/not/a/file"))
+    mounts = c.mounts_for(spec, ["/models/m.gguf"], ["/srv/lora/", str(template)])
+    assert mounts == ("/models/m.gguf", str(template), "/srv/lora")
 
 
 def test_docker_publishes_the_port_and_passes_gpus_its_own_way():
@@ -54,9 +89,9 @@ def test_the_spec_hash_changes_with_what_runs_and_not_with_the_order_of_the_envi
 
 
 def test_the_env_file_holds_every_variable_and_refuses_a_newline():
-    assert c.env_file_text(SPEC) == "CUDA_VISIBLE_DEVICES=0\nLLAMA_API_KEY=s3cret\n"
+    assert c.env_file_text(SPEC.env) == "CUDA_VISIBLE_DEVICES=0\nLLAMA_API_KEY=s3cret\n"
     with pytest.raises(ValueError, match="newline"):
-        c.env_file_text(LaunchSpec(("x",), env={"A": "1\n2"}))
+        c.env_file_text({"A": "1\n2"})
 
 
 def test_the_end_of_a_container_reads_as_subprocess_would():
@@ -76,13 +111,15 @@ def test_a_quadlet_unit_runs_the_same_container_and_old_podman_is_told_why_not()
     assert quadlet.quadlet_support("podman version 5.2.0")[0]
     assert not quadlet.quadlet_support("garbage")[0]
     run = c.ContainerRun("podman", "localhost/llama-server:b11434", mounts=("/models/m.gguf",),
-                         gpus=(0,), runtime="runc", env_file="/etc/specfleet/gemma.env")
+                         gpus=(0,), runtime="runc", env_file="/etc/specfleet/gemma.env",
+                         ulimits=LIMITS)
     unit = quadlet.render("gemma", SPEC, run, stop_grace=15, env_file=run.env_file)
     assert "ContainerName=specfleet-gemma\n" in unit
     assert "Image=localhost/llama-server:b11434\n" in unit
     assert f"Label={c.LABEL_SPEC}={c.spec_hash(SPEC, run)}\n" in unit
-    assert "Exec=/usr/local/bin/llama-server --model /models/m.gguf --port 8081\n" in unit
+    assert "Exec=--model /models/m.gguf --port 8081\n" in unit
     assert "Network=host\n" in unit and "Volume=/models/m.gguf:/models/m.gguf:ro\n" in unit
     assert "AddDevice=nvidia.com/gpu=0\n" in unit
-    assert "PodmanArgs=--runtime=runc --ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096\n" in unit
+    assert ("PodmanArgs=--entrypoint=/usr/local/bin/llama-server --runtime=runc "
+            "--ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096\n") in unit
     assert "s3cret" not in unit and "TimeoutStopSec=15s" in unit

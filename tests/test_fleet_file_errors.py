@@ -147,6 +147,21 @@ CASES: list[tuple[str, str | bytes, int, str | None, list[str]]] = [
      ["cannot read '/nowhere/token'", "No such file", "`specfleet run` refuses"]),
     ("name inside a target", "version: 1\ntargets:\n  a:\n    name: b\n{t}    port: 8001\n", 4,
      "targets.a.name", ["its key"]),
+    ("container without an image",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    launcher: container\n", 3,
+     "targets.a.container.image", ["needs the image"]),
+    ("container engine misspelled",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    launcher: container\n"
+     "    container: {{image: x, engine: podmna}}\n", 8, "targets.a.container.engine",
+     ["'podmna'", "did you mean 'podman'"]),
+    ("container ulimit malformed",
+     "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    launcher: container\n"
+     "    container:\n      image: x\n      ulimits: [nofile 4096]\n", 10,
+     "targets.a.container.ulimits", ["'nofile 4096'", "nofile=4096:4096"]),
+    ("ollama in a container",
+     "version: 1\ntargets:\n  a:\n    backend: ollama\n    model: {model}\n    port: 8001\n"
+     "    launcher: container\n    container: {{image: ollama/ollama}}\n", 3, "targets.a",
+     ["launcher: external"]),
 ]
 
 

@@ -8,7 +8,6 @@ restart.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import errno
 import os
@@ -27,9 +26,9 @@ from supervisor.plugin import (
     Backend,
     ContextSettings,
     Estimate,
+    Executor,
     Failure,
     FailureKind,
-    FileIdentity,
     Generation,
     LaunchSpec,
     MetricsSample,
@@ -97,7 +96,7 @@ AUTO_PARALLEL = 4  # llama-server's choice for --parallel -1 (auto), with a unif
 
 # `--help` costs a second; ask each binary once per daemon (keyed by its file identity, so
 # a binary rebuilt or replaced in place is asked again).
-_help_cache: dict[FileIdentity, tuple[str, str]] = {}
+_help_cache: dict[object, tuple[str, str]] = {}
 
 
 def method_args(target: Target, draft_length: int | None, speculation: bool = True) -> list[str]:
@@ -247,6 +246,8 @@ class LlamaCppBackend(Backend):
         return tuple(v for v, flag in NGRAM_LENGTH_FLAG.items() if flag)  # not cache: fixed 8
 
     def resolve_binary(self) -> str:
+        if self.in_image():
+            return super().resolve_binary()  # a command inside the image
         if self.target.binary:
             path = Path(self.target.binary).expanduser()
             if not (path.is_file() and os.access(path, os.X_OK)):
@@ -261,7 +262,7 @@ class LlamaCppBackend(Backend):
 
     async def preflight(self) -> RuntimeInfo:
         binary = self.resolve_binary()
-        help_text, version = await _describe(binary)
+        help_text, version = await _describe(binary, self.executor)
         if self.target.speculation.method != "none" and (why := check_help_text(help_text)):
             raise SpecfleetError(f"{binary}: {why}")
         return RuntimeInfo(binary, version)
@@ -359,27 +360,15 @@ def parse_metrics(text: str, process_start: float | None) -> MetricsSample:
     )
 
 
-async def _describe(binary: str) -> tuple[str, str]:
-    """(--help text, version line) of a llama-server binary, cached per file identity."""
-    key = file_identity(binary)
+async def _describe(binary: str, executor: Executor) -> tuple[str, str]:
+    """(--help text, version line) of a llama-server binary, cached per file identity (per
+    image and command, for a binary inside an image)."""
+    key: object = (executor.identity, binary) if executor.in_image else file_identity(binary)
     if key is None:
         raise SpecfleetError(f"cannot read {binary}")
     if key not in _help_cache:
-        help_text = await _output(binary, "--help")
-        version = await _output(binary, "--version")
+        help_text = await executor.output([binary, "--help"])
+        version = await executor.output([binary, "--version"])
         line = next((ln for ln in version.splitlines() if ln.startswith("version")), "unknown")
         _help_cache[key] = (help_text, line.removeprefix("version:").strip())
     return _help_cache[key]
-
-
-async def _output(binary: str, flag: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        binary, flag, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        stdin=asyncio.subprocess.DEVNULL)
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
-    except TimeoutError as exc:
-        proc.kill()
-        await proc.wait()
-        raise SpecfleetError(f"{binary} {flag} did not answer within 60 s") from exc
-    return out.decode(errors="replace")

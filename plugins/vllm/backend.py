@@ -170,7 +170,9 @@ class VllmBackend(Backend):
 
     def resolve_binary(self) -> str:
         """`binary:`, else `vllm` on PATH, else the environment `specfleet setup --runtime
-        vllm` provisioned."""
+        vllm` provisioned; in an image, the command there (`binary:`, else `vllm`)."""
+        if self.in_image():
+            return super().resolve_binary()
         if self.target.binary:
             path = Path(self.target.binary).expanduser()
             if not path.exists():
@@ -189,7 +191,8 @@ class VllmBackend(Backend):
 
     async def preflight(self) -> RuntimeInfo:
         entry = entrypoint.entry_point(self.resolve_binary())
-        if entry.python is None:
+        if entry.python is None or self.in_image():
+            # In an image nothing is imported here: the image's vLLM answers for itself.
             return RuntimeInfo(entry.prefix[0])
         found = await asyncio.to_thread(entrypoint.installed, entry.python)
         if not found.get("location"):

@@ -10,7 +10,9 @@ from supervisor.atomicfile import write_text
 from supervisor.errors import SpecfleetError
 
 if TYPE_CHECKING:
+    from supervisor.config.schema import Fleet
     from supervisor.launcher.systemd.launcher import SystemdLauncher
+    from supervisor.plugin.registry import BackendRegistry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +48,8 @@ def _unit_files(args: argparse.Namespace,
     files = {units.DAEMON_UNIT: units.render_daemon(fleet_path, watchdog=settings.watchdog,
                                                     user=launcher.user)}
     for target in fleet.targets.values():
+        if target.launcher == "container":
+            continue  # Quadlet units, or why not: _quadlet_files
         if target.launcher != "systemd" and not every_target:
             continue
         spec = registry.backend_for(target).launch_spec()
@@ -56,7 +60,39 @@ def _unit_files(args: argparse.Namespace,
         files[units.unit_name(target.name)] = text
         if secrets is not None:
             files[f"{target.name}.env"] = secrets
+    if every_target:
+        files.update(_quadlet_files(fleet, registry))
     return launcher, files
+
+
+def _quadlet_files(fleet: Fleet, registry: BackendRegistry) -> dict[str, str]:
+    """`launcher: container` targets as Quadlet `.container` units where podman reads them
+    (4.4 and later); otherwise a line saying why not, and nothing written."""
+    import shutil
+    import subprocess
+
+    from supervisor.launcher.container import quadlet
+    from supervisor.launcher.container.launcher import ContainerLauncher
+
+    targets = [t for t in fleet.targets.values() if t.launcher == "container"]
+    version = subprocess.run(["podman", "--version"], capture_output=True, text=True,
+                             check=False).stdout if targets and shutil.which("podman") else ""
+    ok, why = quadlet.quadlet_support(version) if version else (
+        False, "podman is not installed (Quadlet units are podman's)")
+    state_dir = Path(fleet.daemon.state_dir).expanduser()
+    launcher = ContainerLauncher(fleet.daemon.logs, state_dir, fleet.targets.__getitem__)
+    files = {}
+    for target in targets:
+        if not ok or target.container.engine == "docker":
+            reason = why if not ok else "engine: docker (Quadlet units are podman's)"
+            print(f"(not written: specfleet-{target.name}.container for target {target.name}, "
+                  f"launcher: container: {reason})")
+            continue
+        spec = registry.backend_for(target).launch_spec()
+        _, run, _ = launcher.container_run(target.name, spec)
+        files[f"specfleet-{target.name}.container"] = quadlet.render(
+            target.name, spec, run, stop_grace=target.restart.stop_grace, env_file=run.env_file)
+    return files
 
 
 def run(args: argparse.Namespace) -> int:

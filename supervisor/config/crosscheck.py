@@ -3,6 +3,7 @@ check_api_token, which looks at this host (run with the backend checks)."""
 
 from __future__ import annotations
 
+from supervisor.config.containersettings import ContainerSettings
 from supervisor.config.raysettings import RayPlacement
 from supervisor.config.schema import (
     METHODS_NEEDING_DRAFT,
@@ -157,6 +158,21 @@ def check_ray(target: Target) -> list[Problem]:
     return []
 
 
+def check_container(target: Target) -> list[Problem]:
+    """`container:` only means something under `launcher: container`, which needs an image."""
+    base = ("targets", target.name)
+    if target.launcher != "container":
+        if target.container != ContainerSettings():
+            return [Problem((*base, "container"), "container: applies to launcher: container "
+                            f"only (launcher is {target.launcher}); remove it or set launcher: "
+                            "container", "warning")]
+        return []
+    if target.container.image is None:
+        return [Problem((*base, "container", "image"), "launcher: container needs the image "
+                        "that holds the runtime, such as ghcr.io/ggml-org/llama.cpp:server")]
+    return []
+
+
 def check_loading(target: Target) -> list[Problem]:
     """On-demand keys that cannot do what they say (docs/on-demand.md)."""
     base = ("targets", target.name)
@@ -182,6 +198,7 @@ def cross_check(fleet: Fleet) -> list[Problem]:
         problems += check_speculation(target)
         problems += check_restart_and_health(target)
         problems += check_ray(target)
+        problems += check_container(target)
         problems += check_loading(target)
     if not fleet.targets:
         problems.append(Problem(("targets",), "no targets are defined; the daemon will idle",

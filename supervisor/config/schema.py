@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
+from supervisor.config.containersettings import ContainerSettings
 from supervisor.config.loading import LoadingDefaults, LoadingKeys
 from supervisor.config.paths import default_state_dir
 from supervisor.config.raysettings import RayPlacement, RaySettings
@@ -33,7 +34,7 @@ NgramVariant = Literal["mod", "simple", "map-k", "map-k4v", "cache"]
 METHODS_NEEDING_DRAFT = ("draft", "eagle", "eagle3", "dflash")
 METHODS_WITH_DRAFT_FILE = ("draft", "eagle", "eagle3", "dflash", "mtp")
 METHODS_WITHOUT_MODEL = ("ngram", "suffix")  # draft from the context
-LauncherName = Literal["process", "systemd", "external", "ray"]
+LauncherName = Literal["process", "systemd", "external", "ray", "container"]
 
 
 def _argv_item(value: Any) -> Any:
@@ -200,6 +201,7 @@ class TargetDefaults(LoadingDefaults):
     tuning: Tuning | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     ray: RayPlacement | None = None
+    container: ContainerSettings | None = None
 
 
 class Target(LoadingKeys):
@@ -214,7 +216,8 @@ class Target(LoadingKeys):
     launcher: LauncherName = Field(default="process", description=(
         "`process`: a child of the daemon; `systemd`: the unit `specfleet-<name>.service`; "
         "`external`: a server already running (Ollama), specfleet manages only its model; "
-        "`ray`: a detached actor on a node of the Ray cluster (docs/ray.md)."))
+        "`ray`: a detached actor on a node of the Ray cluster (docs/ray.md); `container`: a "
+        "podman or docker container of `container.image` (docs/containers.md)."))
     model: str = Field(description=(
         "The model the runtime serves: a GGUF file for llama.cpp; for vLLM and Ollama also a "
         "model directory, repo id or tag."))
@@ -234,7 +237,8 @@ class Target(LoadingKeys):
         default_factory=dict, description="Extra environment variables of the server.")
     binary: str | None = Field(default=None, description=(
         "The runtime executable; unset: the backend's command on PATH (llama.cpp: then "
-        "specfleet's cache)."))
+        "specfleet's cache). With `launcher: container`, the command inside the image "
+        "(unset: the backend's command, such as `llama-server`, on the image's PATH)."))
     api_key: ApiKey | None = Field(default=None, description=(
         "API key the server demands, passed by environment (never in argv); unset: none."))
     restart: Restart = Field(default=Restart(), description="What happens after a crash.")
@@ -244,6 +248,8 @@ class Target(LoadingKeys):
         "Backend-specific settings, checked by the backend (README.md, backend options)."))
     ray: RayPlacement = Field(default=RayPlacement(), description=(
         "`launcher: ray` only: the nodes and Ray resources the target may use."))
+    container: ContainerSettings = Field(default=ContainerSettings(), description=(
+        "`launcher: container` only: the image and how the engine runs it."))
 
     @property
     def probe_host(self) -> str:

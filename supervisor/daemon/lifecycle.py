@@ -37,6 +37,7 @@ from supervisor.events import Event, EventBus, EventLog
 from supervisor.gpu.monitor import HeadroomAlert, ResourceMonitor
 from supervisor.gpu.placement import Placer
 from supervisor.launcher.base import Launcher
+from supervisor.launcher.container.launcher import ContainerLauncher
 from supervisor.launcher.external import ExternalLauncher
 from supervisor.launcher.process import ProcessLauncher
 from supervisor.launcher.ray.launcher import RayLauncher
@@ -60,6 +61,9 @@ class Daemon:
                                         settings.log_max_bytes, settings.log_backups)
         self.systemd = SystemdLauncher(settings.systemd, self.state_dir)
         self.external = ExternalLauncher()
+        self.containers = ContainerLauncher(settings.logs.expanduser(), self.state_dir,
+                                            self._target_named, settings.log_max_bytes,
+                                            settings.log_backups)
         self.ray = RayLauncher(settings.ray, settings.logs.expanduser(), self._target_named,
                                self._target_event, settings.log_max_bytes, settings.log_backups,
                                self.launcher.children)
@@ -112,6 +116,7 @@ class Daemon:
                 await self._remove_leftover_units(self.fleet)
             if self._uses_ray(self.fleet):
                 await self._remove_leftover_actors(self.fleet)
+            await self._remove_leftover_containers(self.fleet)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._signals.put_nowait, sig)
@@ -215,8 +220,8 @@ class Daemon:
     # --- launchers ---
 
     def _launcher_for(self, target: Target) -> Launcher:
-        return {"systemd": self.systemd, "external": self.external,
-                "ray": self.ray}.get(target.launcher, self.launcher)
+        return {"systemd": self.systemd, "external": self.external, "ray": self.ray,
+                "container": self.containers}.get(target.launcher, self.launcher)
 
     def _uses_ray(self, fleet: Fleet) -> bool:
         """Targets on Ray, or a cluster named in the file (whose actors of targets removed
@@ -238,6 +243,25 @@ class Daemon:
         for actor in await self.ray.remove_leftovers(keep):
             self.emit("daemon", f"stopped the Ray actor {actor}: its target is no longer in "
                       "the fleet file (or no longer uses launcher: ray)")
+
+    async def _remove_leftover_containers(self, fleet: Fleet) -> None:
+        """Containers this daemon (this state dir) started for targets no longer in the file,
+        with every engine the fleet names (`auto` when none: the one installed). Only where
+        containers ran from this state dir: a daemon without any never asks an engine."""
+        keep = {n for n, t in fleet.targets.items() if t.launcher == "container"}
+        if not keep and not self.containers.env_dir.exists():
+            return
+        engines = {t.container.engine for t in fleet.targets.values()
+                   if t.launcher == "container"} or {"auto"}
+        for engine in sorted(engines):
+            try:
+                removed = await self.containers.remove_leftovers(keep, engine)
+            except SpecfleetError as exc:  # a broken engine must not stop the other targets
+                self.emit("daemon", f"could not look for leftover containers: {exc}")
+                continue
+            for name in removed:
+                self.emit("daemon", f"removed the container {name}: its target is no longer "
+                          "in the fleet file (or no longer uses launcher: container)")
 
     def _uses_systemd(self, fleet: Fleet) -> bool:
         """Targets on systemd, or target units left from an earlier fleet file (which must be
@@ -262,6 +286,7 @@ class Daemon:
             await self._remove_leftover_units(new)
         if self.ray.cluster.connected:
             await self._remove_leftover_actors(new)
+        await self._remove_leftover_containers(new)
 
     # --- the HTTP side ---
 

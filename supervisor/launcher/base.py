@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from supervisor.plugin.backend import LaunchSpec
+from supervisor.plugin.executor import LOCAL, Executor
 
 
 class RunningProcess(Protocol):
@@ -62,3 +63,10 @@ def local_pid(proc: RunningProcess) -> int:
     """The pid to read in this machine's /proc (CPU time, memory), or 0 when the process
     runs on another machine and its pid means nothing here."""
     return proc.pid if getattr(proc, "pid_is_local", True) else 0
+
+
+async def runtime_host(launcher: Launcher, name: str) -> Executor:
+    """Where a target's runtime commands run (a backend's preflight): this machine, or the
+    image of a launcher that runs targets in containers (its optional `runtime_host`)."""
+    where = getattr(launcher, "runtime_host", None)
+    return LOCAL if where is None else await where(name)

@@ -42,12 +42,14 @@ from supervisor.plugin.cache import (
     log_tail,
     run_logged,
 )
+from supervisor.plugin.executor import LOCAL, Executor
 from supervisor.plugin.hookspecs import hookimpl
 from supervisor.plugin.promtext import Samples, dense_positions
 from supervisor.plugin.promtext import parse as parse_prometheus
 
 __all__ = [
-    "GPU_RUNTIME_OVERHEAD", "LENGTHS_BY_LOAD", "Assignment", "Backend", "ContextSettings", "Estimate", "Failure",
+    "GPU_RUNTIME_OVERHEAD", "LENGTHS_BY_LOAD", "LOCAL", "Assignment", "Backend", "ContextSettings",
+    "Estimate", "Executor", "Failure",
     "FailureKind", "FileIdentity", "Generation", "GiB", "LaunchSpec", "MetricsSample", "MiB",
     "ModelFacts", "Probe", "Problem", "Readiness", "RuntimeInfo", "Samples", "SpecfleetError",
     "Target", "assemble_example_model", "cache_root", "dense_positions", "example_model_path",

@@ -25,6 +25,7 @@ from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
 from supervisor.gpu.vram import Assignment, Estimate
 from supervisor.models import facts, pairing
+from supervisor.plugin.executor import LOCAL, Executor
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,9 @@ class Backend:
         # The address of the machine the runtime runs on, when that is not where the
         # fleet file says (a Ray node): probes, counters and the proxy go there.
         self.node_address: str | None = None
+        # Where the runtime's commands run: set by a launcher that runs it elsewhere (an
+        # image) before preflight.
+        self.executor: Executor = LOCAL
 
     @property
     def base_url(self) -> str:
@@ -200,8 +204,15 @@ class Backend:
 
     # --- launching ---
 
+    def in_image(self) -> bool:
+        """Whether the runtime's executable is inside a container image, not on this machine."""
+        return self.target.launcher == "container"
+
     def resolve_binary(self) -> str:
-        """The runtime executable: `binary:` from the fleet file, else PATH."""
+        """The runtime executable: `binary:` from the fleet file, else PATH; in an image, the
+        command there (`binary:`, else the backend's command on the image's PATH)."""
+        if self.in_image():
+            return self.target.binary or self.default_binary
         if self.target.binary:
             return str(Path(self.target.binary).expanduser())
         found = shutil.which(self.default_binary) if self.default_binary else None

@@ -31,7 +31,7 @@ from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json,
 from supervisor.models.identity import file_identity, files_under
 
 if TYPE_CHECKING:  # `specfleet status --target` reads records without the plugin contract
-    from supervisor.plugin.backend import LaunchSpec, RuntimeInfo
+    from supervisor.plugin.backend import LaunchSpec
 
 HISTORY = 50
 _CHUNK = 1 << 20  # larger reads are no faster, and their buffer stays in malloc's arena
@@ -118,13 +118,13 @@ class RunRecorder:
                                 lambda: write_json(self.hashes_path, dict(self._hashes or {})))
         return cache[key]
 
-    def launched(self, name: str, pid: int, reason: str, spec: LaunchSpec, info: RuntimeInfo,
+    def launched(self, name: str, pid: int, reason: str, spec: LaunchSpec, runtime: dict[str, str],
                  launcher: str, speculation: dict[str, Any], gpus: dict[str, Any],
                  files: dict[str, str]) -> RunRecord:
         record = RunRecord(
             target=name, started=time.time(), pid=pid, reason=reason, argv=list(spec.argv),
             env={k: ("***" if k in spec.secret_env else v) for k, v in sorted(spec.env.items())},
-            runtime={"binary": info.binary, "version": info.version}, launcher=launcher,
+            runtime=dict(runtime), launcher=launcher,
             speculation=speculation, gpus=gpus,
             files={role: {"path": p, "sha256": None} for role, p in files.items()})
         self._write(record, append=True)

@@ -21,7 +21,7 @@ from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
-from supervisor.launcher.base import Launcher, RunningProcess, local_pid
+from supervisor.launcher.base import Launcher, RunningProcess, local_pid, runtime_host
 from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
 from supervisor.target import restart_policy
 from supervisor.target.commands import (
@@ -292,6 +292,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
 
     async def _launch(self) -> RunningProcess:
         """Preflight, the pairing guard, placement; then adopt a running unit or start anew."""
+        self.backend.executor = await runtime_host(self.launcher, self.name)  # an image?
         info = await self.backend.preflight()
         await self._check_pairing()
         placement = await self.placer.check_start(self.name) if self.placer else None
@@ -300,7 +301,8 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         self.tuner.runtime_started(info)
         spec = self.tuner.launch_backend().launch_spec(
             self.tuner.draft_length, speculation=self.tuner.speculation_on, placement=placement)
-        self.runtime = {"binary": info.binary, "version": info.version}
+        self.runtime = {"binary": info.binary, "version": info.version,
+                        **self.backend.executor.facts}
         grace = self.target.restart.stop_grace
         if self._may_adopt:
             self._may_adopt = False
@@ -319,11 +321,9 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         self._follow(proc)
         self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
         if self.records is not None:
-            spec_view = {"method": self.target.speculation.method,
-                         "variant": self.target.speculation.variant,
-                         "enabled": self.tuner.speculation_on,
-                         "draft_length": self.tuner.draft_length}
-            self.records.launched(self.name, proc.pid, self._pending_reason, spec, info,
+            spec_view = {"method": self.target.speculation.method, "variant": self.tuner.variant,
+                         "enabled": self.tuner.speculation_on, "draft_length": self.tuner.draft_length}
+            self.records.launched(self.name, proc.pid, self._pending_reason, spec, self.runtime,
                                   self.launcher_name, spec_view, self.placement,
                                   self.backend.model_files())
         return proc

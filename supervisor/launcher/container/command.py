@@ -1,6 +1,5 @@
-"""The container engine's command lines for a target (issue 18, groundwork): pure, so that
-every flag is unit-tested; the launcher that runs them is not written yet (see the closing
-note of the session that added this file).
+"""The container engine's command lines for a target: pure, so that every flag is
+unit-tested; launcher/container/launcher.py runs them.
 
 Verified by hand with Debian's podman 4.3.1 and runc: `run -d --runtime runc --network
 host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096` with the model mounted read-only at
@@ -12,18 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from supervisor.plugin.backend import LaunchSpec
 
 LABEL_TARGET = "io.specfleet.target"
 LABEL_SPEC = "io.specfleet.spec"
-# Lower than this sandbox's limits, which it cannot raise (no CAP_SYS_RESOURCE): a
-# container asking for more is refused. Enough for llama-server and vLLM.
-DEFAULT_ULIMITS = ("nofile=4096:4096", "nproc=4096:4096")
+# The state dir of the daemon that started it: two daemons on one machine (two state dirs)
+# never adopt or remove each other's containers.
+LABEL_DAEMON = "io.specfleet.daemon"
 
 
 def container_name(target: str) -> str:
@@ -42,32 +42,35 @@ class ContainerRun:
     host: str = "127.0.0.1"
     port: int | None = None  # published unless host networking
     host_network: bool = True
-    gpus: tuple[int, ...] = ()
+    gpus: tuple[int, ...] | Literal["all"] = ()
     runtime: str | None = None  # podman --runtime (runc here: crun refuses this host)
-    ulimits: tuple[str, ...] = DEFAULT_ULIMITS
+    ulimits: tuple[str, ...] = ()
     env_file: str | None = None  # the environment, secrets included, never on argv
     extra: tuple[str, ...] = field(default=())
+    owner: str = ""  # LABEL_DAEMON's value
 
 
 def spec_hash(spec: LaunchSpec, run: ContainerRun) -> str:
     """What a running container must match to be adopted: the command, the environment
     (values hashed with the rest, never shown) and the image."""
     data = {"argv": list(spec.argv), "env": dict(sorted(spec.env.items())),
-            "image": run.image, "mounts": list(run.mounts), "gpus": list(run.gpus),
+            "image": run.image, "mounts": list(run.mounts), "gpus": run.gpus if isinstance(
+                run.gpus, str) else list(run.gpus),
             "port": run.port, "host_network": run.host_network}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_argv(target: str, spec: LaunchSpec, run: ContainerRun) -> list[str]:
     """`<engine> run -d ...` for the target: named, labelled, the model files mounted, the
-    port reachable, the GPUs passed the engine's way, the environment from a file."""
+    port reachable, the GPUs passed the engine's way, the environment from a file. The
+    runtime's command is the entry point (an image's own ENTRYPOINT would be prepended to
+    it otherwise: the llama.cpp server image's is /app/llama-server)."""
     argv = [run.engine, "run", "-d", "--name", container_name(target),
             "--label", f"{LABEL_TARGET}={target}",
             "--label", f"{LABEL_SPEC}={spec_hash(spec, run)}"]
-    if run.runtime:
-        argv += ["--runtime", run.runtime]
-    for limit in run.ulimits:
-        argv += ["--ulimit", limit]
+    if run.owner:
+        argv += ["--label", f"{LABEL_DAEMON}={run.owner}"]
+    argv += _engine_flags(run)
     if run.host_network:
         argv += ["--network", "host"]
     elif run.port is not None:
@@ -78,25 +81,74 @@ def run_argv(target: str, spec: LaunchSpec, run: ContainerRun) -> list[str]:
     if run.env_file:
         argv += ["--env-file", run.env_file]
     argv += list(run.extra)
-    return [*argv, run.image, *spec.argv]
+    return [*argv, "--entrypoint", spec.argv[0], run.image, *spec.argv[1:]]
 
 
-def _gpu_flags(engine: str, gpus: Sequence[int]) -> list[str]:
+def once_argv(argv: Sequence[str], run: ContainerRun) -> list[str]:
+    """`<engine> run --rm ...` that runs one command of the image and ends (a backend's
+    preflight: `llama-server --help`): the same OCI runtime and limits as the target's
+    container, on the host's network, nothing mounted."""
+    return [run.engine, "run", "--rm", *_engine_flags(run), "--network", "host",
+            "--entrypoint", argv[0], run.image, *argv[1:]]
+
+
+def _engine_flags(run: ContainerRun) -> list[str]:
+    argv = ["--runtime", run.runtime] if run.runtime else []
+    for limit in run.ulimits:
+        argv += ["--ulimit", limit]
+    return argv
+
+
+def _gpu_flags(engine: str, gpus: Sequence[int] | str) -> list[str]:
     if not gpus:
         return []
     if engine == "docker":
-        return ["--gpus", "device=" + ",".join(map(str, gpus))]
+        return ["--gpus", "all" if gpus == "all" else "device=" + ",".join(map(str, gpus))]
     # podman: the NVIDIA Container Toolkit's CDI devices.
+    if gpus == "all":
+        return ["--device", "nvidia.com/gpu=all"]
     return [arg for g in gpus for arg in ("--device", f"nvidia.com/gpu={g}")]
 
 
-def env_file_text(spec: LaunchSpec) -> str:
+def gpu_request(target_gpus: object, env: Mapping[str, str]
+                ) -> tuple[tuple[int, ...] | Literal["all"], dict[str, str]]:
+    """The GPUs to pass into the container, and the environment inside it. The backend's
+    CUDA_VISIBLE_DEVICES names host indices; a container sees only the GPUs passed, counted
+    from 0, so the variable is renumbered (GPU 2 alone is device 0 inside)."""
+    inside = dict(env)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return ("all" if target_gpus == "all" else ()), inside
+    if not visible.strip():
+        return (), inside  # gpus: none
+    try:
+        gpus = tuple(int(g) for g in visible.split(","))
+    except ValueError:  # UUIDs or MIG names: passed as written would not match; all GPUs
+        return "all", inside
+    inside["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    return gpus, inside
+
+
+def mounts_for(spec: LaunchSpec, files: Sequence[str], volumes: Sequence[str]) -> tuple[str, ...]:
+    """Host paths to mount read-only at the same path: the target's model files, every
+    existing absolute path in the runtime's arguments (`--flag=/path` too; not argv[0], the
+    command inside the image) and the fleet file's `volumes`, each once, in that order."""
+    found: list[str] = list(files)
+    for arg in spec.argv[1:]:
+        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if value.startswith("/") and os.path.exists(value):
+            found.append(value)
+    found += [os.path.expanduser(v) for v in volumes]
+    return tuple(dict.fromkeys(os.path.normpath(p) for p in found))
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
     """The environment as an engine's --env-file reads it (KEY=value lines, no quoting)."""
-    for key, value in spec.env.items():
+    for key, value in env.items():
         if "\n" in value:
             raise ValueError(f"environment variable {key} holds a newline, which an env file "
                              "cannot carry")
-    return "".join(f"{k}={v}\n" for k, v in sorted(spec.env.items()))
+    return "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
-"""A target as a Quadlet `.container` unit (issue 18, groundwork): what `specfleet units
-render` will emit for `launcher: container` where podman has Quadlet (4.4 and later;
-podman-systemd.unit(5)). Pure.
+"""A target as a Quadlet `.container` unit: what `specfleet units render` emits for
+`launcher: container` where podman has Quadlet (4.4 and later; podman-systemd.unit(5)). Pure.
 
-Not wired yet: Debian 12's podman here is 4.3.1, without Quadlet, which is why
-`quadlet_support` says why not rather than failing later.
+Debian 12's podman here is 4.3.1, without Quadlet, which is why `quadlet_support` says why
+not rather than writing a file that nothing reads.
 """
 
 from __future__ import annotations
@@ -49,20 +48,22 @@ def render(target: str, spec: LaunchSpec, run: ContainerRun, *, stop_grace: floa
         f"Image={run.image}",
         f"Label={LABEL_TARGET}={target}",
         f"Label={LABEL_SPEC}={spec_hash(spec, run)}",
-        "Exec=" + " ".join(quote(a) for a in spec.argv),
+        "Exec=" + " ".join(quote(a) for a in spec.argv[1:]),
     ]
     if run.host_network:
         lines.append("Network=host")
     elif run.port is not None:
         lines.append(f"PublishPort={run.host}:{run.port}:{run.port}")
     lines += [f"Volume={path}:{path}:ro" for path in run.mounts]
-    lines += [f"AddDevice=nvidia.com/gpu={g}" for g in run.gpus]
+    gpus = ("all",) if run.gpus == "all" else run.gpus
+    lines += [f"AddDevice=nvidia.com/gpu={g}" for g in gpus]
     if env_file:
         lines.append(f"EnvironmentFile={quote(env_file)}")
-    podman_args = [f"--runtime={run.runtime}"] if run.runtime else []
+    # The runtime's command is the entry point, as the launcher runs it (command.run_argv).
+    podman_args = [f"--entrypoint={quote(spec.argv[0])}"]
+    podman_args += [f"--runtime={run.runtime}"] if run.runtime else []
     podman_args += [f"--ulimit={u}" for u in run.ulimits]
-    if podman_args:
-        lines.append("PodmanArgs=" + " ".join(podman_args))
+    lines.append("PodmanArgs=" + " ".join(podman_args))
     lines += ["", "[Service]", "Restart=no",
               f"TimeoutStopSec={max(1, round(stop_grace))}s", ""]
     return "\n".join(lines)

@@ -1,0 +1,251 @@
+"""The container launcher: each target is the container `specfleet-<name>` of its image,
+run by podman or docker through their CLIs (docs/containers.md).
+
+The runtime's command line is the backend's, with the command as the container's entry
+point; the files it names are mounted read-only at the same paths, the host's network is
+used (the runtime binds the target's host and port as a process would) and the environment
+goes through an env file (0600, in the state dir), never argv. Containers outlive the
+daemon, as systemd units do: a daemon that starts again adopts a running container whose
+spec label matches what it would start, replaces one that does not, and removes the
+containers of targets no longer in the fleet file. A container that ended is removed once
+its exit status and OOM flag are read, so a name in use never blocks a start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from supervisor.atomicfile import write_text
+from supervisor.config.schema import Target
+from supervisor.errors import SpecfleetError
+from supervisor.launcher.container import command
+from supervisor.launcher.container.engine import Engine, EngineError, find_engine, image_facts
+from supervisor.launcher.container.engine import labels as labels_of
+from supervisor.launcher.process import PR_SET_PDEATHSIG, OutputLog
+from supervisor.plugin.backend import LaunchSpec
+from supervisor.plugin.executor import Executor
+
+
+def _follow_with_parent() -> None:
+    """In the `logs -f` child: die with the daemon (the container itself must not)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class ContainerProcess:
+    """A running target container, as a RunningProcess: its output followed by `logs -f`
+    (which ends when the container does), its exit read from `wait` and `inspect`."""
+
+    def __init__(self, engine: Engine, container: str, pid: int,
+                 follower: asyncio.subprocess.Process, log: OutputLog,
+                 on_line: Callable[[str], None] | None) -> None:
+        self.engine = engine
+        self.container = container
+        self._pid = pid
+        self._follower = follower
+        self._log = log
+        self._on_line = on_line
+        self._returncode: int | None = None
+        self._oom = False
+        self._exit = asyncio.create_task(self._reap(), name=f"reap:{container}")
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    async def _pump(self) -> None:
+        assert self._follower.stdout is not None
+        while line := await self._follower.stdout.readline():
+            text = line.decode(errors="replace").rstrip("\n")
+            self._log.write(text)
+            if self._on_line is not None:
+                self._on_line(text)
+        await self._follower.wait()
+
+    async def _reap(self) -> int:
+        # `logs -f` ends with the container; `wait` then answers at once (or waits, if the
+        # follower ended first for another reason).
+        await self._pump()
+        try:
+            await self.engine.run("wait", self.container, timeout=10 ** 6)
+            info = await self.engine.container(self.container)
+        except EngineError:
+            info = None
+        if info is None:  # removed behind our back: no status to read
+            code, self._oom = -signal.SIGKILL, False
+        else:
+            ended = command.exit_from_state(info.get("State") or {})
+            code, self._oom = (ended.returncode or 0), ended.oom_killed
+        with contextlib.suppress(EngineError):
+            await self.engine.remove(self.container)
+        self._returncode = code
+        self._log.write(f"--- specfleet: container {self.container} (pid {self.pid}) exited "
+                        f"with status {code} ---", keep=False)
+        self._log.close()
+        return code
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    async def stop(self, grace: float) -> int:
+        if self._returncode is None:
+            with contextlib.suppress(EngineError):
+                # A stopped process cannot act on SIGTERM; then SIGTERM, grace, SIGKILL.
+                await self.engine.run("kill", "--signal", "CONT", self.container)
+            with contextlib.suppress(EngineError):
+                await self.engine.run("stop", "-t", str(max(1, round(grace))), self.container,
+                                      timeout=grace + 60)
+        return await self.wait()
+
+    def kill(self) -> None:
+        # The server is the container's init, seen from here by its host pid: SIGKILL ends
+        # it, and the container with it, at once (no engine round trip).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self._pid, signal.SIGKILL)
+
+    def output_tail(self, lines: int = 20) -> str:
+        return "\n".join(list(self._log.tail)[-lines:])
+
+    def oom_killed(self) -> bool:
+        return self._oom
+
+
+class ContainerLauncher:
+    name = "container"
+    detaches = True  # containers keep running when the daemon exits; adopted at its return
+
+    def __init__(self, log_dir: Path, state_dir: Path, target_named: Callable[[str], Target],
+                 max_bytes: int = 10 * 1024 * 1024, backups: int = 3) -> None:
+        self.log_dir = log_dir
+        self.env_dir = state_dir / "containers-env"
+        self.owner = str(state_dir)
+        self.target_named = target_named
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._engines: dict[str, Engine] = {}
+
+    def engine(self, wanted: str) -> Engine:
+        name = find_engine(wanted)
+        return self._engines.setdefault(name, Engine(name))
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def sweep_orphans(self) -> list[str]:
+        return []  # containers are adopted or removed (remove_leftovers), never orphans
+
+    def container_run(self, name: str, spec: LaunchSpec | None = None
+             ) -> tuple[Engine, command.ContainerRun, dict[str, str]]:
+        """The engine, the container's settings and the environment inside it."""
+        target = self.target_named(name)
+        settings = target.container
+        if settings.image is None:
+            raise SpecfleetError(f"target '{name}' has launcher: container but no container.image")
+        engine = self.engine(settings.engine)
+        gpus, env = command.gpu_request(target.gpus, spec.env if spec else {})
+        files = [str(Path(ref).expanduser()) for ref in (target.model, target.speculation.draft)
+                 if ref and Path(ref).expanduser().exists()]
+        run = command.ContainerRun(
+            engine.name, settings.image,
+            mounts=command.mounts_for(spec, files, settings.volumes) if spec else (),
+            host=target.host, port=target.port, gpus=gpus, runtime=settings.runtime,
+            ulimits=settings.ulimits, env_file=str(self.env_dir / f"{name}.env") if env else None,
+            extra=settings.run_args, owner=self.owner)
+        return engine, run, env
+
+    async def runtime_host(self, name: str) -> Executor:
+        """Where the backend's preflight runs its commands: the target's image. A missing
+        image is refused here with the engine's own message."""
+        engine, run, _ = self.container_run(name)
+        try:
+            info = await engine.image(run.image)
+        except EngineError as exc:
+            raise SpecfleetError(f"{engine.name} has no image {run.image} (specfleet does not "
+                                 f"pull images): {exc}") from None
+        return Executor(wrap=lambda argv: command.once_argv(argv, run),
+                        identity=str(info.get("Id") or run.image),
+                        facts=image_facts(run.image, info))
+
+    async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
+                    on_line: Callable[[str], None] | None = None) -> ContainerProcess:
+        spec.write_files()
+        engine, run, env = self.container_run(name, spec)
+        container = command.container_name(name)
+        await engine.remove(container)  # an old one of that name never blocks the start
+        # The env dir is also the mark that containers ran from this state dir (the next
+        # daemon looks for leftovers only then).
+        self.env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if env:
+            write_text(self.env_dir / f"{name}.env", command.env_file_text(env), 0o600)
+        log = OutputLog(self.log_path(name), self.max_bytes, self.backups)
+        argv = command.run_argv(name, spec, run)
+        log.write(f"--- specfleet: starting {spec.shell_line()} in {run.image} ---", keep=False)
+        try:
+            await engine.run(*argv[1:])
+            info = await engine.container(container)
+        except EngineError as exc:
+            log.close()
+            raise SpecfleetError(f"{engine.name} could not start {container}: {exc}") from None
+        return await self._attach(engine, container, info, log, on_line, tail="all")
+
+    async def _attach(self, engine: Engine, container: str, info: dict[str, Any] | None,
+                      log: OutputLog, on_line: Callable[[str], None] | None,
+                      tail: str) -> ContainerProcess:
+        """Follow the container's output until it ends: all it wrote, or (adopted) only
+        what it writes from now."""
+        pid = int(((info or {}).get("State") or {}).get("Pid") or 0)
+        since = ["--tail", "0"] if tail == "0" else []  # podman takes no `--tail all`
+        follower = await asyncio.create_subprocess_exec(
+            engine.name, "logs", "-f", *since, container,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL, preexec_fn=_follow_with_parent)
+        return ContainerProcess(engine, container, pid, follower, log, on_line)
+
+    async def adopt(self, name: str, spec: LaunchSpec, *,
+                    stop_grace: float = 15.0) -> tuple[ContainerProcess | None, str]:
+        """The target's container if it still runs what specfleet would start now."""
+        engine, run, _ = self.container_run(name, spec)
+        container = command.container_name(name)
+        info = await engine.container(container)
+        if info is None:
+            return None, ""
+        running = command.exit_from_state(info.get("State") or {}).running
+        if running and labels_of(info).get(command.LABEL_SPEC) == command.spec_hash(spec, run):
+            log = OutputLog(self.log_path(name), self.max_bytes, self.backups)
+            log.write(f"--- specfleet: adopted container {container} ---", keep=False)
+            proc = await self._attach(engine, container, info, log, None, tail="0")
+            return proc, f"adopted container {container}, still running (pid {proc.pid})"
+        await engine.remove(container)
+        if not running:
+            return None, f"removed container {container}, which had ended while specfleet was down"
+        return None, (f"container {container} was running another command or image (the "
+                      "fleet file or a tuning decision changed while specfleet was down): "
+                      "replaced")
+
+    async def remove_leftovers(self, keep: set[str], wanted: str = "auto") -> list[str]:
+        """Remove this daemon's containers whose target is no longer in the fleet file."""
+        try:
+            engine = self.engine(wanted)
+        except SpecfleetError:
+            return []  # no engine installed: nothing can be left over
+        removed = []
+        for container in await engine.labelled(command.LABEL_DAEMON, self.owner):
+            info = await engine.container(container)
+            target = labels_of(info or {}).get(command.LABEL_TARGET)
+            if target is None or target in keep:
+                continue
+            await engine.remove(container)
+            with contextlib.suppress(FileNotFoundError):
+                (self.env_dir / f"{target}.env").unlink()
+            removed.append(container)
+        return removed
