@@ -86,3 +86,14 @@ def remove_containers_of(owner: str) -> list[str]:
     if names:
         subprocess.run(["podman", "rm", "-f", *names], capture_output=True, check=False)
     return names
+
+
+def can_run_or_skip(tag: str) -> None:
+    """Skip, with podman's own message, where this machine cannot run a container at all
+    (the engine installed but refused by the kernel or the sandbox)."""
+    proc = subprocess.run(["podman", "run", "--rm", "--runtime", SANDBOX["runtime"],
+                           *[f"--ulimit={u}" for u in SANDBOX["ulimits"]], "--network", "host",
+                           "--entrypoint", "llama-server", tag, "--version"],
+                          capture_output=True, text=True, check=False, timeout=120)
+    if proc.returncode != 0:
+        pytest.skip(f"podman cannot run a container on this machine: {proc.stderr.strip()}")

@@ -77,6 +77,8 @@ def test_docker_publishes_the_port_and_passes_gpus_its_own_way():
     argv = c.run_argv("t", SPEC, run)
     assert argv[argv.index("-p") + 1] == "127.0.0.1:8081:8081" and "--network" not in argv
     assert argv[argv.index("--gpus") + 1] == "device=2" and "--ulimit" not in argv
+    two = c.run_argv("t", SPEC, c.ContainerRun("docker", "img", gpus=(0, 2)))
+    assert two[two.index("--gpus") + 1] == '"device=0,2"'  # docker splits the value at commas
 
 
 def test_the_spec_hash_changes_with_what_runs_and_not_with_the_order_of_the_environment():

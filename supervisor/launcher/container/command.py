@@ -103,7 +103,11 @@ def _gpu_flags(engine: str, gpus: Sequence[int] | str) -> list[str]:
     if not gpus:
         return []
     if engine == "docker":
-        return ["--gpus", "all" if gpus == "all" else "device=" + ",".join(map(str, gpus))]
+        if gpus == "all":
+            return ["--gpus", "all"]
+        # docker reads --gpus as CSV: several devices must be quoted inside the value.
+        devices = "device=" + ",".join(map(str, gpus))
+        return ["--gpus", devices if len(gpus) == 1 else f'"{devices}"']
     # podman: the NVIDIA Container Toolkit's CDI devices.
     if gpus == "all":
         return ["--device", "nvidia.com/gpu=all"]
