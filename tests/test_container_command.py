@@ -125,3 +125,50 @@ def test_a_quadlet_unit_runs_the_same_container_and_old_podman_is_told_why_not()
     assert ("PodmanArgs=--entrypoint=/usr/local/bin/llama-server --runtime=runc "
             "--ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096\n") in unit
     assert "s3cret" not in unit and "TimeoutStopSec=15s" in unit
+
+
+def test_check_prints_the_engines_command_line_without_the_secrets(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"""version: 1
+daemon: {{state_dir: {tmp_path / 'state'}}}
+targets:
+  coder:
+    model: {model}
+    port: 8081
+    gpus: [1]
+    launcher: container
+    api_key: {{env: SPECFLEET_TEST_KEY}}
+    container: {{image: localhost/llama:1, engine: podman}}
+""")
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)], cwd=REPO,
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, "SPECFLEET_TEST_KEY": "s3cret"})
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  run as: "))
+    if shutil.which("podman") is None:
+        assert "podman or docker" not in line and "podman was not found" in line, line
+        return
+    assert line.startswith("  run as: podman run -d --name specfleet-coder "), line
+    assert f"-v {model}:{model}:ro" in line and "--device nvidia.com/gpu=1" in line
+    assert f"--env-file {tmp_path / 'state'}/containers-env/coder.env" in line
+    assert "--entrypoint llama-server localhost/llama:1 --model" in line
+    assert "s3cret" not in proc.stdout
+
+
+def test_the_run_record_names_the_image_by_reference_id_and_digest():
+    from supervisor.launcher.container.engine import image_facts
+    # podman's `image inspect` of an imported image: a Digest, no RepoDigests.
+    assert image_facts("localhost/l:1", {"Id": "abc", "Digest": "sha256:d1", "RepoDigests": []}
+                       ) == {"image": "localhost/l:1", "image_id": "abc", "image_digest": "sha256:d1"}
+    # docker's: no Digest, the registry's digest in RepoDigests.
+    assert image_facts("ghcr.io/x:server", {"Id": "sha256:i", "RepoDigests": [
+        "ghcr.io/x@sha256:d2"]})["image_digest"] == "sha256:d2"

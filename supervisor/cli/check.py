@@ -43,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {spec.shell_line()}")
         for extra in backend.describe_launch(spec):
             print("  " + extra.replace("\n", "\n  "))
+        if target.launcher == "container":
+            from supervisor.launcher.container.launcher import ContainerLauncher
+
+            containers = ContainerLauncher(fleet.daemon.logs, Path(fleet.daemon.state_dir)
+                                           .expanduser(), fleet.targets.__getitem__)
+            print(f"  run as: {containers.describe(target.name, spec)}")
     print("\n" + placement.render(fleet_plan))
     refused = fleet_plan.plan.refused if fleet_plan.plan is not None else {}
     if refused and fleet.daemon.gpu.refuse:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import shlex
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -162,6 +163,15 @@ class ContainerLauncher:
             ulimits=settings.ulimits, env_file=str(self.env_dir / f"{name}.env") if env else None,
             extra=settings.run_args, owner=self.owner)
         return engine, run, env
+
+    def describe(self, name: str, spec: LaunchSpec) -> str:
+        """The engine's command line for `specfleet check` (the environment is in the env
+        file, not on it), or why there is none on this machine."""
+        try:
+            _, run, _ = self.container_run(name, spec)
+        except SpecfleetError as exc:
+            return f"(no container command: {exc})"
+        return shlex.join(command.run_argv(name, spec, run))
 
     async def runtime_host(self, name: str) -> Executor:
         """Where the backend's preflight runs its commands: the target's image. A missing
