@@ -118,6 +118,7 @@ def test_the_quickstart_pair_runs_in_containers_and_serves_through_the_proxy(
         assert record["files"]["model"]["path"] == model
         assert record["launcher"] == "container"
         assert record["runtime"]["image"] == image and record["runtime"]["image_id"]
+        assert record["runtime"]["image_digest"].startswith("sha256:"), record["runtime"]
         assert record["argv"][0] == "llama-server"
         # The ngram target's speculation flags reached the server in the container.
         ngram = next(n for n in names if yaml.safe_load(fleet.read_text())["targets"][n]
