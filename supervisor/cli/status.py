@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.cli import statusview
+from supervisor.cli import daemonkeys, statusview
 from supervisor.config.paths import default_state_dir
 from supervisor.daemon import statusfile
 from supervisor.errors import SpecfleetError
@@ -28,16 +28,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    fleet = None
-    if args.file:  # its state_dir and API token
-        from supervisor.config.loader import load_fleet
+def _daemon_keys(path: str) -> daemonkeys.DaemonKeys:
+    """state_dir and API token of the fleet file: the light read, else the full load (which
+    also reports what is wrong with the file)."""
+    keys = daemonkeys.read(path)
+    if keys is not None:
+        return keys
+    from supervisor.api.token import read_api_token
+    from supervisor.config.loader import load_fleet
 
-        fleet = load_fleet(args.file).fleet
+    fleet = load_fleet(path).fleet
+    return daemonkeys.DaemonKeys(Path(fleet.daemon.state_dir).expanduser(),
+                                 read_api_token(fleet))
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = _daemon_keys(args.file) if args.file else None
     if args.state_dir:
         state_dir = Path(args.state_dir).expanduser()
-    elif fleet is not None:
-        state_dir = Path(fleet.daemon.state_dir).expanduser()
+    elif keys is not None:
+        state_dir = keys.state_dir
     else:
         state_dir = Path(default_state_dir())
     unreadable: list[str] = []
@@ -50,12 +60,7 @@ def run(args: argparse.Namespace) -> int:
     status["source"] = f"file {state_dir / statusfile.STATUS_FILE}"
     alive = statusfile.daemon_alive(status.get("daemon", {}))
     if alive:
-        token = None
-        if fleet is not None:
-            from supervisor.api.token import read_api_token
-
-            token = read_api_token(fleet)
-        status = _status_from_api(status, token) or status
+        status = _status_from_api(status, keys.token if keys else None) or status
     if args.target:
         from supervisor.target import runrecord
 
