@@ -45,6 +45,11 @@ class ProxyRequests:
             if self._in_flight == 0:
                 self._idle.set()
 
+    def mark(self) -> object:
+        """Changes whenever a request starts or ends; while one is in flight, never equal to
+        an earlier mark (a fresh object each call)."""
+        return object() if self._in_flight else self.last_used
+
     def take_peak(self) -> int:
         """The most requests in flight at once since the previous call (the load a metrics
         interval ran at, as the proxy saw it)."""

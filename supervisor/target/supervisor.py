@@ -35,7 +35,7 @@ from supervisor.target.commands import (
 )
 from supervisor.target.explain import explain_exit, explain_hang, pairing_warnings
 from supervisor.target.ondemand import OnDemandMixin
-from supervisor.target.probes import HealthWatch, poll_metrics, tree_cpu_seconds
+from supervisor.target.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
 from supervisor.target.requests import ProxyRequests
 from supervisor.target.runrecord import RunRecorder
 from supervisor.target.served import ServedTargetMixin
@@ -345,8 +345,8 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         health_task = asyncio.create_task(
             health.run(lambda: time.time() - (self.started_at or time.time())))
         metrics_task = asyncio.create_task(poll_metrics(
-            self.target.health, lambda: self.backend.read_metrics(self.http),
-            lambda: self.serving, self._on_sample))
+            self.target.health, lambda: self.backend.read_metrics(self.http), lambda: self.serving,
+            self._on_sample, QuietRuntime(local_pid(proc), self.requests.mark, self.tuner.quiet)))
         command_task = asyncio.create_task(self._command_while_serving())
         try:
             done, _ = await asyncio.wait({exit_task, command_task, health_task},

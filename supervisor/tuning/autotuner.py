@@ -169,6 +169,14 @@ class AutoTuner:
             self.by_load.add(delta, running)
         self._last_scrape = (now, sample.requests_processing)
 
+    def quiet(self, now: float) -> None:
+        """A metrics read skipped because the runtime did nothing (target/probes.py): the
+        interval since the last read is filed as the previous read saw it, and the next
+        starts idle, as a read showing no request running would have."""
+        last_time, last_running = self._last_scrape or (now, 0)
+        self.by_load.busy(now, last_running, now - last_time)
+        self._last_scrape = (now, 0)
+
     def apply_pending(self) -> None:
         """Make the pending decision the current setting (the caller restarts the server)."""
         decision = self._pending
