@@ -106,7 +106,9 @@ def test_the_tuner_starts_the_runtime_with_the_variant_it_switched_to(tmp_path):
     assert tuner.variant == "simple" and events[-1]["action"] == "variant"
     argv = tuner.launch_backend().launch_spec(tuner.draft_length).argv
     assert argv[argv.index("--spec-type") + 1] == "ngram-simple"
-    assert argv[argv.index("--spec-ngram-simple-size-m") + 1] == "16"
+    # length.start (16) is mod's n-max; simple starts at llama.cpp's own size-m (48).
+    assert tuner.draft_length is None and "--spec-ngram-simple-size-m" not in argv
+    assert tuner.bounds().current == 48
     assert tuner.view()["variant"] == "simple"
     tuner._remember(replace(tuner.memory, variant=None))
     assert tuner.variant == "mod"  # nothing tuned: the configured one

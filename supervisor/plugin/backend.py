@@ -193,7 +193,10 @@ class Backend:
         """This backend for the same target with another n-gram variant (the tuner's)."""
         if variant == self.target.speculation.variant:
             return self
-        spec = self.target.speculation.model_copy(update={"variant": variant})
+        # `length.start` is the configured variant's; another starts at its runtime default.
+        spec = self.target.speculation
+        spec = spec.model_copy(update={"variant": variant, "length": spec.length.model_copy(
+            update={"start": None})})
         return type(self)(self.target.model_copy(update={"speculation": spec}))
 
     def with_lengths_by_load(self, ranges: list[tuple[int, int | None, int]]) -> Backend:

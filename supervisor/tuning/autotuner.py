@@ -63,9 +63,16 @@ class AutoTuner:
 
     @property
     def draft_length(self) -> int | None:
-        """The length passed to the runtime: tuned, else configured, else its own default."""
+        """The length passed to the runtime: tuned, else configured, else its own default.
+        `length.start` is the configured variant's: another variant the search tries starts
+        at the runtime's default for it (mod's n-max and simple's size-m are different
+        quantities, with defaults 64 and 48 in llama.cpp)."""
         tuned = self.memory.length if self.active else None
-        return tuned if tuned is not None else self.target.speculation.length.start
+        if tuned is not None:
+            return tuned
+        if self.variant != self.target.speculation.variant:
+            return None
+        return self.target.speculation.length.start
 
     @property
     def variant(self) -> str | None:

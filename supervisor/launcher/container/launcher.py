@@ -54,6 +54,7 @@ class ContainerProcess:
         self._on_line = on_line
         self._returncode: int | None = None
         self._oom = False
+        self._tasks: set[asyncio.Task[None]] = set()
         self._exit = asyncio.create_task(self._reap(), name=f"reap:{container}")
 
     @property
@@ -110,9 +111,19 @@ class ContainerProcess:
 
     def kill(self) -> None:
         # The server is the container's init, seen from here by its host pid: SIGKILL ends
-        # it, and the container with it, at once (no engine round trip).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self._pid, signal.SIGKILL)
+        # it, and the container with it, at once (no engine round trip). Without a pid
+        # (os.kill(0) would hit the daemon's own process group), the engine kills it.
+        if self._pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self._pid, signal.SIGKILL)
+                return
+        task = asyncio.create_task(self._engine_kill(), name=f"kill:{self.container}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _engine_kill(self) -> None:
+        with contextlib.suppress(EngineError):
+            await self.engine.run("kill", self.container)
 
     def output_tail(self, lines: int = 20) -> str:
         return "\n".join(list(self._log.tail)[-lines:])
