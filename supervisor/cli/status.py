@@ -8,12 +8,15 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from supervisor.cli import daemonkeys, statusview
+from supervisor.cli import statusview
 from supervisor.config.paths import default_state_dir
 from supervisor.daemon import statusfile
 from supervisor.errors import SpecfleetError
+
+if TYPE_CHECKING:
+    from supervisor.cli.daemonkeys import DaemonKeys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,9 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _daemon_keys(path: str) -> daemonkeys.DaemonKeys:
+def _daemon_keys(path: str) -> DaemonKeys:
     """state_dir and API token of the fleet file: the light read, else the full load (which
-    also reports what is wrong with the file)."""
+    also reports what is wrong with the file). Imported here: `--state-dir` needs no YAML."""
+    from supervisor.cli import daemonkeys
+
     keys = daemonkeys.read(path)
     if keys is not None:
         return keys
