@@ -172,3 +172,17 @@ def test_the_run_record_names_the_image_by_reference_id_and_digest():
     # docker's: no Digest, the registry's digest in RepoDigests.
     assert image_facts("ghcr.io/x:server", {"Id": "sha256:i", "RepoDigests": [
         "ghcr.io/x@sha256:d2"]})["image_digest"] == "sha256:d2"
+
+
+async def test_a_command_missing_from_the_image_is_refused_with_the_engines_words():
+    from supervisor.errors import SpecfleetError
+    from supervisor.plugin.executor import Executor
+
+    said = "Error: executable file `llama-servr` not found in $PATH"
+    missing = Executor(wrap=lambda argv: ["sh", "-c", f"echo '{said}'; exit 127"],
+                       identity="sha256:1", facts={"image": "localhost/l:1"})
+    with pytest.raises(SpecfleetError, match="llama-servr cannot run in localhost/l:1 "
+                       r"\(exit status 127\): Error: executable file"):
+        await missing.output(["llama-servr", "--help"])
+    fine = Executor(wrap=lambda argv: ["sh", "-c", "echo usage; exit 1"], identity="sha256:1")
+    assert await fine.output(["llama-server", "--help"]) == "usage\n"

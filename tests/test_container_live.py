@@ -224,6 +224,20 @@ def test_a_missing_image_fails_with_the_engines_own_message(
         daemon.stop()
 
 
+def test_a_command_missing_from_the_image_fails_with_the_engines_own_message(
+        tmp_path: Path, model: str, image: str, owner: str) -> None:
+    fleet = write_fleet(tmp_path, {"typo": {
+        "model": model, "port": free_port(), "launcher": "container", "binary": "llama-servr",
+        "container": {"image": image, **SANDBOX}}})
+    daemon = DaemonProcess(fleet)
+    try:
+        failed = daemon.wait_state("typo", "failed", timeout=60)
+        text = json.dumps(failed)
+        assert f"llama-servr cannot run in {image}" in text and "not found" in text, text
+    finally:
+        daemon.stop()
+
+
 def test_units_render_says_why_this_podman_gets_no_quadlet_unit(
         tmp_path: Path, model: str, image: str) -> None:
     fleet = container_fleet(tmp_path, model, image)

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 
 from supervisor.errors import SpecfleetError
 
+# `run` itself failed (125), or the command cannot be invoked (126) or found (127) in the
+# image: both engines' exit statuses, the shell's convention. Anything else is the command's.
+ENGINE_FAILED = (125, 126, 127)
+
 
 def _on_this_machine(argv: Sequence[str]) -> list[str]:
     return list(argv)
@@ -52,7 +56,11 @@ class Executor:
             raise SpecfleetError(f"{' '.join(argv)} did not answer within {timeout:.0f} s"
                                  + (f" (in {self.facts.get('image')})" if self.in_image
                                     else "")) from exc
-        return out.decode(errors="replace")
+        text = out.decode(errors="replace")
+        if self.in_image and proc.returncode in ENGINE_FAILED:
+            raise SpecfleetError(f"{argv[0]} cannot run in {self.facts.get('image', 'the image')}"
+                                 f" (exit status {proc.returncode}): {text.strip()[-500:]}")
+        return text
 
 
 LOCAL = Executor()

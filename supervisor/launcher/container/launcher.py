@@ -156,8 +156,8 @@ class ContainerLauncher:
     def sweep_orphans(self) -> list[str]:
         return []  # containers are adopted or removed (remove_leftovers), never orphans
 
-    def container_run(self, name: str, spec: LaunchSpec | None = None
-             ) -> tuple[Engine, command.ContainerRun, dict[str, str]]:
+    def container_run(self, name: str, spec: LaunchSpec | None = None,
+                      ) -> tuple[Engine, command.ContainerRun, dict[str, str]]:
         """The engine, the container's settings and the environment inside it."""
         target = self.target_named(name)
         settings = target.container
