@@ -88,7 +88,10 @@ def test_kill_9_of_a_targets_main_process_is_restarted_by_specfleet_once(
                      and t["pid"] != pid and t, 60, "the restart")
     assert again["restarts"] == 1
     assert lab.show("specfleet-chat.service", "NRestarts") == "0"  # systemd did not restart it
-    assert [(o, n) for o, n in daemon.transitions("chat") if n == "backoff"] == [("ready", "backoff")]
+    # One backoff, from serving: a health probe may meet the closed port (degraded) before
+    # the unit's exit is read back from systemd and the journal (CI saw that once).
+    assert [(o, n) for o, n in daemon.transitions("chat") if n == "backoff"] in (
+        [("ready", "backoff")], [("degraded", "backoff")])
     assert lab.show("specfleet-chat.service", "MainPID") == str(again["pid"])
 
 
