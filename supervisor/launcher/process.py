@@ -33,7 +33,7 @@ PR_SET_PDEATHSIG = 1
 _TAIL_LINES = 200
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Runs in the child between fork and exec."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -76,6 +76,16 @@ class OutputLog:
         if self._handler is not None:
             with contextlib.suppress(OSError):  # its last buffered lines, on a full disk
                 self._handler.close()
+
+
+async def pump(stream: asyncio.StreamReader, log: OutputLog,
+               on_line: Callable[[str], None] | None) -> None:
+    """Each line of a runtime's output into its log (and to `on_line`) until EOF."""
+    while line := await stream.readline():
+        text = line.decode(errors="replace").rstrip("\n")
+        log.write(text)
+        if on_line is not None:
+            on_line(text)
 
 
 class ChildRegistry:
@@ -159,11 +169,7 @@ class ChildProcess:
 
     async def _pump(self) -> None:
         assert self._proc.stdout is not None
-        while line := await self._proc.stdout.readline():
-            text = line.decode(errors="replace").rstrip("\n")
-            self._log.write(text)
-            if self._on_line is not None:
-                self._on_line(text)
+        await pump(self._proc.stdout, self._log, self._on_line)
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
@@ -242,7 +248,7 @@ class ProcessLauncher:
                 env={**os.environ, **spec.env},
                 cwd=spec.cwd,
                 start_new_session=True,  # own session and process group
-                preexec_fn=lambda: _die_with_parent(parent),
+                preexec_fn=lambda: die_with_parent(parent),
             )
         except OSError:
             log.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import functools
 import os
 import shlex
 import signal
@@ -29,14 +29,9 @@ from supervisor.errors import SpecfleetError
 from supervisor.launcher.container import command
 from supervisor.launcher.container.engine import Engine, EngineError, find_engine, image_facts
 from supervisor.launcher.container.engine import labels as labels_of
-from supervisor.launcher.process import PR_SET_PDEATHSIG, OutputLog
+from supervisor.launcher.process import OutputLog, die_with_parent, pump
 from supervisor.plugin.backend import LaunchSpec
 from supervisor.plugin.executor import Executor
-
-
-def _follow_with_parent() -> None:
-    """In the `logs -f` child: die with the daemon (the container itself must not)."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ContainerProcess:
@@ -67,11 +62,7 @@ class ContainerProcess:
 
     async def _pump(self) -> None:
         assert self._follower.stdout is not None
-        while line := await self._follower.stdout.readline():
-            text = line.decode(errors="replace").rstrip("\n")
-            self._log.write(text)
-            if self._on_line is not None:
-                self._on_line(text)
+        await pump(self._follower.stdout, self._log, self._on_line)
         await self._follower.wait()
 
     async def _reap(self) -> int:
@@ -229,7 +220,9 @@ class ContainerLauncher:
         follower = await asyncio.create_subprocess_exec(
             engine.name, "logs", "-f", *since, container,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL, preexec_fn=_follow_with_parent)
+            stdin=asyncio.subprocess.DEVNULL,
+            # The follower dies with the daemon; the container itself must not.
+            preexec_fn=functools.partial(die_with_parent, os.getpid()))
         return ContainerProcess(engine, container, pid, follower, log, on_line)
 
     async def adopt(self, name: str, spec: LaunchSpec, *,
