@@ -1,27 +1,44 @@
 """Benchmark: does the tuner beat fixed settings when the workload drifts?
 
-A phased workload (repetitive code, then free prose at temperature 0.8, then
-repetitive code) runs against one target under four strategies, all in one run of
-this script, on the real llama-server with the gemma-3-270m model:
+A phased workload (repetitive code, then free prose at temperature 0.8, then repetitive
+code) is served under several strategies, all in one `specfleet run` daemon on the real
+llama-server with the gemma-3-270m model, one target per strategy:
 
   defaults   the runtime's own defaults for the method (no length flag)
-  rule       the operators' rule of thumb: start at 16, double while acceptance
-             (per chunk of requests) is above 70 %, halve below 40 % (each change is
-             a restart through SIGHUP, as a supervisor would do it)
-  tuned      specfleet's tuner (tuning enabled, timings scaled down for a benchmark); in
-             the ngram-mod case with the variant search on (`variants: [mod, simple]`)
-  oracle     the best fixed setting for each phase, found by a sweep of every setting
-             on that phase's workload (no restarts inside a phase): ngram-mod lengths and,
-             for the variant search, ngram-simple size-m 16 and 48
+  rule       the operators' rule of thumb: start at 16, double while acceptance (per
+             chunk of 8 requests) is above 70 %, halve below 40 %; each change is a
+             fleet-file edit and a SIGHUP, as an operator's script would do it
+  tuned      specfleet's tuner (tuning enabled); in the ngram-mod case with the variant
+             search on (`variants: [mod, simple]`)
+  fixed-X    one fixed setting each, the sweep: ngram-mod lengths, ngram-simple size-m 16
+             and 48, speculation off. The best of them per phase is the oracle.
 
-Throughput is generated tokens over wall-clock time of the phase, restarts and
-failed requests included: that is what a user of the endpoint sees. Results are
-ratios measured in the same run. A second case runs a target whose draft is the
-same GGUF as the target (speculation can only hurt) and compares against
-speculation off.
+Interleaved, not one strategy after another: the client sends request i of a phase to
+every target in turn (the order rotating each round) before request i+1. Measured one
+after another, the same setting on the same prompts differed by up to 40 % between rows
+minutes apart on this 2-core machine (run 5: ngram-mod n-max 64 at 73.5 and at 102
+tokens/s), more than the differences the benchmark is about; interleaved, every strategy
+sees the same machine at the same moments. The `defaults` and `fixed-64` targets run the
+same flags (n-max 64, n-min 48): their ratio is the noise of the run, printed.
+
+Requests go through specfleet's proxy (the path a router uses): a restart for a retune or
+a reload drains the request in flight, and requests wait while a target restarts. Each
+strategy is charged the wall time of its own requests plus the time its target was not
+ready (from the daemon's state events) outside those requests: what a lone client of that
+target would have waited. Restarts are paid in full even though the other targets' turns
+hide them from the clock. The tuner's wall-clock constants (cool-down, re-probe) are
+scaled by the number of interleaved targets, so that per request of its own it meets them
+as often as a target served alone would (cool-down 30 s, re-probe 60 s for a target alone:
+already far shorter than production's 15 min and 1 h, which favours fixed settings).
+
+Every target gets the same warm-up on the first phase's workload, not counted, until the
+tuner has measured its baseline (once per model and runtime in a target's life); the rule
+adjusts during it too. A second case runs a target whose draft is the same GGUF as the
+target (speculation can only hurt) and compares against speculation off.
 
 Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 24] [--max-tokens 96]
-(about 25 minutes on 2 cores). Prints a table and writes benchmarks/results/.
+     [--cases ngram-mod,self-draft]
+(about 30 minutes on 2 cores). Prints a table and writes benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -30,13 +47,10 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -49,133 +63,22 @@ from plugins.llamacpp import provision  # noqa: E402
 from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 from supervisor.plugin import assemble_example_model  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from serverproc import free_port, http  # noqa: E402
+
 PHASES = ["code", "prose", "code"]
 # None: speculation off; (variant, length): another n-gram variant.
-SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 4, 8, 16, 32, 64, ("simple", 16),
+SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 8, 16, 32, 64, ("simple", 16),
                                               ("simple", 48)],
                                 "self-draft": [None, 2, 4, 16]}
 # What the tuner may search besides the length, per case.
 TUNED_EXTRA = {"ngram-mod": {"variants": ["mod", "simple"]}, "self-draft": {}}
-# The daemon's time constants scaled down to phases of about a minute (cool-down 15m -> 30s,
-# re-probe 1h -> 60s). Restarts are then far more expensive relative to a phase than in
-# production, where they are amortised over the cool-down: this favours fixed settings.
-BENCH_TUNING = {"enabled": True, "min_tokens": 400, "min_steps": 40, "cooldown": "30s",
-                "max_wait": "5s", "reprobe": "60s"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Daemon:
-    """`specfleet run` on a one-target fleet file that the benchmark rewrites to retune."""
-
-    def __init__(self, workdir: Path, target: dict[str, Any]) -> None:
-        self.dir = workdir
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.fleet = self.dir / "fleet.yaml"
-        self.target = target
-        self._write()
-        self.err = (self.dir / "daemon.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", str(self.fleet)],
-                                     cwd=REPO, stderr=self.err, stdout=subprocess.DEVNULL)
-        self.wait_ready()
-
-    def _write(self) -> None:
-        self.fleet.write_text(yaml.safe_dump({
-            "version": 1, "daemon": {"state_dir": str(self.dir / "state"),
-                                     "api": f"127.0.0.1:{free_port()}"},
-            "targets": {"t": self.target}}))
-
-    def status(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.dir / "state" / "status.json").read_text())["targets"][0]
-        except (OSError, ValueError, IndexError, KeyError):
-            return {}
-
-    def wait_ready(self, not_pid: int | None = None, timeout: float = 120) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"specfleet exited with {self.proc.returncode}:\n"
-                                   + (self.dir / "daemon.log").read_text()[-3000:])
-            t = self.status()
-            if t.get("state") == "ready" and t.get("pid") != not_pid:
-                return t
-            time.sleep(0.1)
-        raise RuntimeError(f"target not ready: {self.status()}")
-
-    def set_speculation(self, speculation: dict[str, Any]) -> None:
-        pid = self.status().get("pid")
-        self.target = {**self.target, "speculation": speculation}
-        self._write()
-        self.proc.send_signal(signal.SIGHUP)
-        self.wait_ready(not_pid=pid)
-
-    def events(self) -> list[dict[str, Any]]:
-        path = self.dir / "state" / "events.jsonl"
-        return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
-        self.err.close()
-
-
-def complete(endpoint: str, prompt: str, max_tokens: int, sampling: dict[str, Any]) -> dict | None:
-    body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "cache_prompt": False,
-                       **sampling}).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(f"{endpoint}/completion", body),
-                                    timeout=300) as resp:
-            return json.loads(resp.read())["timings"]
-    except (urllib.error.URLError, ConnectionError, TimeoutError, KeyError):
-        return None
-
-
-class Phase:
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.draft = 0
-        self.accepted = 0
-        self.started = time.monotonic()
-        self.seconds = 0.0
-
-    def add(self, timings: dict[str, Any]) -> None:
-        self.tokens += int(timings.get("predicted_n", 0))
-        self.draft += int(timings.get("draft_n", 0))
-        self.accepted += int(timings.get("draft_n_accepted", 0))
-
-    def end(self) -> dict[str, Any]:
-        self.seconds = time.monotonic() - self.started
-        return {"tokens": self.tokens, "seconds": round(self.seconds, 2),
-                "tps": round(self.tokens / self.seconds, 2),
-                "acceptance": round(self.accepted / self.draft, 3) if self.draft else None}
-
-
-def run_requests(daemon: Daemon, workload: str, n: int, max_tokens: int,
-                 after_chunk=None, chunk: int = 8) -> dict[str, Any]:
-    """n successful requests of one workload class, sequentially; wall time includes restarts."""
-    w = BUILT_IN[workload]
-    phase, chunk_stats, done, i = Phase(), [0, 0], 0, 0
-    while done < n:
-        t = daemon.status()
-        timings = (complete(t["endpoint"], w.prompts[i % len(w.prompts)], max_tokens, w.sampling)
-                   if t.get("state") == "ready" else None)
-        if timings is None:
-            time.sleep(0.2)
-            continue
-        i += 1
-        done += 1
-        phase.add(timings)
-        chunk_stats[0] += int(timings.get("draft_n", 0))
-        chunk_stats[1] += int(timings.get("draft_n_accepted", 0))
-        if after_chunk is not None and done % chunk == 0:
-            after_chunk(chunk_stats[1] / chunk_stats[0] if chunk_stats[0] else None)
-            chunk_stats = [0, 0]
-    return phase.end()
+# The daemon's time constants scaled down to phases of about a minute of a target's own
+# requests (cool-down 15m -> 30s, re-probe 1h -> 60s); multiplied by the number of
+# interleaved targets below.
+COOLDOWN_S, REPROBE_S = 30, 60
+BENCH_TUNING = {"enabled": True, "min_tokens": 400, "min_steps": 40, "max_wait": "5s"}
+CHUNK = 8  # the rule of thumb's chunk of requests
 
 
 def spec_with(base: dict[str, Any], length: Any) -> dict[str, Any]:
@@ -191,144 +94,307 @@ def setting_name(length: Any) -> str:
         length, tuple) else str(length)
 
 
-def strategy_fixed(workdir: Path, target: dict, phases: list[str], n: int, max_tokens: int):
-    d = Daemon(workdir, target)
-    try:
-        return [run_requests(d, p, n, max_tokens) for p in phases], d.events()
-    finally:
-        d.stop()
+class Fleet:
+    """`specfleet run` on a fleet file with one target per strategy; the rule's changes
+    rewrite the file and send SIGHUP."""
+
+    def __init__(self, workdir: Path, targets: dict[str, dict[str, Any]]) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.fleet = self.dir / "fleet.yaml"
+        self.targets = targets
+        self.proxy = f"127.0.0.1:{free_port()}"
+        self.api = f"127.0.0.1:{free_port()}"
+        self._write()
+        self.err = (self.dir / "daemon.log").open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", str(self.fleet)],
+                                     cwd=REPO, stderr=self.err, stdout=subprocess.DEVNULL)
+        for name in targets:
+            self.wait_ready(name, timeout=300)
+
+    def _write(self) -> None:
+        self.fleet.write_text(yaml.safe_dump({
+            "version": 1, "daemon": {"state_dir": str(self.dir / "state"), "api": self.api,
+                                     "proxy": {"listen": self.proxy, "hold": "5m"}},
+            "targets": self.targets}))
+
+    def status(self, name: str) -> dict[str, Any]:
+        try:
+            doc = json.loads((self.dir / "state" / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return next((t for t in doc.get("targets", []) if t.get("name") == name), {})
+
+    def wait_ready(self, name: str, not_pid: int | None = None,
+                   timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"specfleet exited with {self.proc.returncode}:\n"
+                                   + (self.dir / "daemon.log").read_text()[-3000:])
+            t = self.status(name)
+            if t.get("state") == "ready" and t.get("pid") != not_pid:
+                return t
+            time.sleep(0.1)
+        raise RuntimeError(f"target {name} not ready: {self.status(name)}")
+
+    def set_speculation(self, name: str, speculation: dict[str, Any]) -> None:
+        pid = self.status(name).get("pid")
+        self.targets = {**self.targets, name: {**self.targets[name], "speculation": speculation}}
+        self._write()
+        self.proc.send_signal(signal.SIGHUP)
+        self.wait_ready(name, not_pid=pid)
+
+    def events(self) -> list[dict[str, Any]]:
+        path = self.dir / "state" / "events.jsonl"
+        return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+    def complete(self, name: str, prompt: str, max_tokens: int,
+                 sampling: dict[str, Any]) -> dict[str, Any] | None:
+        """One completion through the proxy; llama-server's `timings`, None if it failed."""
+        status, body = http(f"http://{self.proxy}/v1/completions",
+                            {"model": name, "prompt": prompt, "max_tokens": max_tokens,
+                             "cache_prompt": False, **sampling}, timeout=600)
+        try:
+            return json.loads(body)["timings"] if status == 200 else None
+        except (ValueError, KeyError):
+            return None
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(120)
+        self.err.close()
 
 
-def strategy_rule(workdir: Path, target: dict, base_spec: dict, phases: list[str], n: int,
-                  max_tokens: int):
-    length = {"k": 16}
-    d = Daemon(workdir, {**target, "speculation": spec_with(base_spec, 16)})
+def down_intervals(events: list[dict[str, Any]], name: str, end: float) -> list[tuple[float,
+                                                                                      float]]:
+    """When the target was not ready, after it first was: (left ready, ready again)."""
+    out, left, seen_ready = [], None, False
+    for e in events:
+        if e.get("target") != name or e.get("kind") != "state":
+            continue
+        if e.get("new") == "ready":
+            if left is not None:
+                out.append((left, e["time"]))
+            left, seen_ready = None, True
+        elif e.get("old") == "ready" and seen_ready:
+            left = e["time"]
+    if left is not None:
+        out.append((left, end))
+    return out
 
-    def adjust(acceptance: float | None) -> None:
+
+def outside(intervals: list[tuple[float, float]], own: list[tuple[float, float]],
+            start: float, end: float) -> float:
+    """Seconds of `intervals`, clipped to [start, end], not covered by `own`."""
+    total = 0.0
+    for a, b in intervals:
+        a, b = max(a, start), min(b, end)
+        if b <= a:
+            continue
+        covered = sum(max(0.0, min(b, y) - max(a, x)) for x, y in own)
+        total += (b - a) - covered
+    return total
+
+
+class Tally:
+    """One strategy's phase: tokens, draft counts, its request intervals (failed included)."""
+
+    def __init__(self) -> None:
+        self.tokens = self.draft = self.accepted = self.done = 0
+        self.requests: list[tuple[float, float]] = []
+        self.chunk = [0, 0]
+
+    def add(self, timings: dict[str, Any]) -> None:
+        self.done += 1
+        self.tokens += int(timings.get("predicted_n", 0))
+        for i, key in enumerate(("draft_n", "draft_n_accepted")):
+            self.chunk[i] += int(timings.get(key, 0))
+        self.draft += int(timings.get("draft_n", 0))
+        self.accepted += int(timings.get("draft_n_accepted", 0))
+
+    def take_chunk(self) -> float | None:
+        drafted, accepted = self.chunk
+        self.chunk = [0, 0]
+        return accepted / drafted if drafted else None
+
+    def result(self, down: list[tuple[float, float]], start: float, end: float) -> dict[str, Any]:
+        own = sum(b - a for a, b in self.requests)
+        waited = outside(down, self.requests, start, end)
+        seconds = own + waited
+        return {"tokens": self.tokens, "seconds": round(seconds, 2),
+                "restart_s": round(waited, 2), "tps": round(self.tokens / seconds, 2),
+                "acceptance": round(self.accepted / self.draft, 3) if self.draft else None}
+
+
+class Rule:
+    """The operators' rule of thumb for one target, driven per chunk of its requests."""
+
+    def __init__(self, fleet: Fleet, base_spec: dict[str, Any]) -> None:
+        self.fleet, self.base, self.k = fleet, base_spec, 16
+
+    def after_chunk(self, acceptance: float | None) -> None:
         if acceptance is None:
             return
-        k = length["k"]
+        k = self.k
         new = min(64, k * 2) if acceptance > 0.7 else max(2, k // 2) if acceptance < 0.4 else k
         if new != k:
-            length["k"] = new
-            d.set_speculation(spec_with(base_spec, new))
+            self.k = new
+            self.fleet.set_speculation("rule", spec_with(self.base, new))
 
+
+def run_phase(fleet: Fleet, names: list[str], workload: str, n: int, max_tokens: int,
+              rule: Rule, until=None) -> dict[str, Tally]:
+    """n successful requests per target, interleaved; `until()` true ends it early."""
+    w = BUILT_IN[workload]
+    tallies = {name: Tally() for name in names}
+    i = 0
+    while any(t.done < n for t in tallies.values()) and not (until and until()):
+        order = names[i % len(names):] + names[:i % len(names)]
+        i += 1
+        for name in order:
+            tally = tallies[name]
+            if tally.done >= n:
+                continue
+            started = time.time()
+            timings = fleet.complete(name, w.prompts[tally.done % len(w.prompts)], max_tokens,
+                                     w.sampling)
+            tally.requests.append((started, time.time()))
+            if timings is None:
+                continue
+            tally.add(timings)
+            if name == "rule" and tally.done % CHUNK == 0:
+                rule.after_chunk(tally.take_chunk())
+    return tallies
+
+
+def baseline_done(fleet: Fleet) -> bool:
+    """The tuner has measured its baseline and decided what runs after it (restore,
+    disable, or another variant when the search turned the verdict into a switch)."""
+    actions = [e["data"].get("action") for e in fleet.events()
+               if e.get("target") == "tuned" and e["kind"] == "tuning"]
+    return "baseline" in actions and any(a not in ("baseline", "recall")
+                                         for a in actions[actions.index("baseline"):])
+
+
+def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phases: list[str],
+             sweep: list[Any], extra: dict[str, Any], n: int, max_tokens: int) -> dict[str, Any]:
+    fixed = {f"fixed-{setting_name(s)}": spec_with(spec, s) for s in sweep}
+    k = 3 + len(fixed)
+    tuning = {**BENCH_TUNING, "cooldown": f"{COOLDOWN_S * k}s", "reprobe": f"{REPROBE_S * k}s"}
+    specs = {"defaults": spec, "rule": spec_with(spec, 16),
+             "tuned": {**spec_with(spec, 16), **extra}, **fixed}
+    targets = {name: {**base_target, "port": free_port(), "speculation": s,
+                      **({"tuning": tuning} if name == "tuned" else {})}
+               for name, s in specs.items()}
+    fleet = Fleet(root, targets)
+    names = list(targets)
     try:
-        return [run_requests(d, p, n, max_tokens, adjust) for p in phases], d.events()
-    finally:
-        d.stop()
-
-
-def strategy_tuned(workdir: Path, target: dict, base_spec: dict, phases: list[str], n: int,
-                   max_tokens: int, extra: dict[str, Any] | None = None):
-    d = Daemon(workdir, {**target, "speculation": {**spec_with(base_spec, 16), **(extra or {})},
-                         "tuning": BENCH_TUNING})
-    try:
+        rule = Rule(fleet, spec)
         # Warm-up, not counted: the tuner measures its baseline once per model and runtime.
-        deadline = time.monotonic() + 600
-        # It ends with "restore" (speculation back on) or "disable" (judged not to pay).
-        while not any(e["data"].get("action") in ("restore", "disable") for e in d.events()
-                      if e["kind"] == "tuning") and time.monotonic() < deadline:
-            run_requests(d, phases[0], 4, max_tokens)
-        return [run_requests(d, p, n, max_tokens) for p in phases], d.events()
+        run_phase(fleet, names, phases[0], 10 ** 6, max_tokens, rule,
+                  until=lambda: baseline_done(fleet))
+        windows, tallies = [], []
+        for p in phases:
+            start = time.time()
+            tallies.append(run_phase(fleet, names, p, n, max_tokens, rule))
+            windows.append((start, time.time()))
+        events = fleet.events()
     finally:
-        d.stop()
-
-
-def oracle(workdir: Path, target: dict, base_spec: dict, workloads: set[str], n: int,
-           max_tokens: int, sweep: list[Any]) -> dict[str, dict[str, Any]]:
-    """tokens/s of every sweep setting on every workload; the best per workload."""
-    table: dict[str, dict[str, Any]] = {w: {} for w in workloads}
-    for length in sweep:
-        d = Daemon(workdir / f"sweep-{setting_name(length)}",
-                   {**target, "speculation": spec_with(base_spec, length)})
-        try:
-            for w in sorted(workloads):
-                table[w][setting_name(length)] = run_requests(d, w, n, max_tokens)
-        finally:
-            d.stop()
-    return table
+        fleet.stop()
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        results[name] = []
+        for (start, end), phase_tallies in zip(windows, tallies, strict=True):
+            down = down_intervals(events, name, end)
+            results[name].append(phase_tallies[name].result(down, start, end))
+    return {"results": results, "targets": k, "tuning": tuning,
+            "tuning_events": [{"time": e["time"], "reason": e["reason"],
+                               "action": e["data"].get("action"),
+                               "old": e["data"].get("old_variant") or e["data"].get("old_length"),
+                               "new": e["data"].get("new_variant") or e["data"].get("new_length")}
+                              for e in events if e["kind"] == "tuning"
+                              and e.get("target") == "tuned"],
+            "phase_windows": windows}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=24, help="requests per phase (24)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--cases", default="ngram-mod,self-draft")
+    ap.add_argument("--out", default="tuner_phases.json")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
     model = str(assemble_example_model(lambda msg: print(msg, file=sys.stderr)))
-    base_target = {"model": model, "binary": binary, "port": free_port(),
-                   "args": ["--ctx-size", "4096"], "tuning": {"enabled": False},
+    base_target = {"model": model, "binary": binary, "args": ["--ctx-size", "4096"],
+                   "tuning": {"enabled": False},
                    "health": {"interval": "1s", "metrics_interval": "1s"},
-                   # llama-server b11434 does not exit on SIGTERM while a request is in
-                   # flight (it waits on its HTTP threads); every strategy that restarts
-                   # pays this grace before SIGKILL.
-                   "restart": {"stop_grace": "1s"}}
+                   # A planned restart drains the request in flight first (the proxy holds
+                   # new ones); then llama-server exits on SIGTERM at once.
+                   "restart": {"stop_grace": "30s"}}
     n, mt = args.requests, args.max_tokens
     out: dict[str, Any] = {"requests_per_phase": n, "max_tokens": mt, "phases": PHASES,
-                           "machine": f"{os.cpu_count()} CPUs", "cases": {}}
+                           "machine": f"{os.cpu_count()} CPUs", "interleaved": True,
+                           "cases": {}}
+    cases = {
+        "ngram-mod": ({"method": "ngram", "variant": "mod"}, PHASES),
+        "self-draft": ({"method": "draft", "draft": model}, ["code"]),
+    }
     with tempfile.TemporaryDirectory(prefix="specfleet-bench-") as tmp:
-        root = Path(tmp)
-        cases = {
-            "ngram-mod": ({"method": "ngram", "variant": "mod"}, PHASES),
-            "self-draft": ({"method": "draft", "draft": model}, ["code"]),
-        }
         for case, (spec, phases) in cases.items():
             if case not in args.cases.split(","):
                 continue
             print(f"== {case}", file=sys.stderr, flush=True)
-            target = dict(base_target, port=free_port())
-            results: dict[str, Any] = {}
-            results["defaults"], _ = strategy_fixed(root / case / "defaults",
-                                                    {**target, "speculation": spec}, phases, n, mt)
-            print(f"   defaults {results['defaults']}", file=sys.stderr, flush=True)
-            results["rule"], _ = strategy_rule(root / case / "rule", target, spec, phases, n, mt)
-            print(f"   rule {results['rule']}", file=sys.stderr, flush=True)
-            results["tuned"], events = strategy_tuned(root / case / "tuned", target, spec, phases,
-                                                      n, mt, TUNED_EXTRA[case])
-            print(f"   tuned {results['tuned']}", file=sys.stderr, flush=True)
-            sweep = oracle(root / case / "oracle", target, spec, set(phases), n, mt, SWEEPS[case])
-            best = {w: max(s, key=lambda k: s[k]["tps"]) for w, s in sweep.items()}
-            results["oracle"] = [{"setting": best[p], **sweep[p][best[p]]} for p in phases]
-            out["cases"][case] = {
-                "results": results, "sweep": sweep,
-                "tuning_events": [{"reason": e["reason"], "action": e["data"].get("action"),
-                                   "old": e["data"].get("old_variant") or e["data"].get(
-                                       "old_length"),
-                                   "new": e["data"].get("new_variant") or e["data"].get(
-                                       "new_length")}
-                                  for e in events if e["kind"] == "tuning"]}
+            out["cases"][case] = run_case(Path(tmp) / case, base_target, spec, phases,
+                                          SWEEPS[case], TUNED_EXTRA[case], n, mt)
+            out["cases"][case]["phases"] = phases
+            print(report({"cases": {case: out["cases"][case]}}), file=sys.stderr, flush=True)
     print(report(out))
     results_dir = REPO / "benchmarks" / "results"
     results_dir.mkdir(exist_ok=True)
-    (results_dir / "tuner_phases.json").write_text(json.dumps(out, indent=1))
+    (results_dir / args.out).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def total(rows: list[dict[str, Any]]) -> float:
+    return sum(x["tokens"] for x in rows) / sum(x["seconds"] for x in rows)
 
 
 def report(out: dict[str, Any]) -> str:
     lines = []
     for case, data in out["cases"].items():
-        r = data["results"]
-        phases = out["phases"] if case == "ngram-mod" else ["code"]
-        lines.append(f"\n{case}: tokens/s per phase (wall clock, restarts included)")
-        lines.append("strategy   " + "  ".join(f"{p:>14}" for p in phases) + "           total")
-        for name in ("defaults", "rule", "tuned", "oracle"):
-            rows = r[name]
-            total = sum(x["tokens"] for x in rows) / sum(x["seconds"] for x in rows)
-            cells = "  ".join(f"{x['tps']:>8.1f}" + (f" ({x['setting']:>9})" if "setting" in x
-                                                      else "            ") for x in rows)
-            lines.append(f"{name:<10} {cells}  {total:>14.1f}")
-        tuned, oracle_, rule = r["tuned"], r["oracle"], r["rule"]
-        ratios = [t["tps"] / o["tps"] for t, o in zip(tuned, oracle_, strict=True)]
-        tot = lambda rows: sum(x["tokens"] for x in rows) / sum(x["seconds"] for x in rows)  # noqa: E731
-        lines.append("tuned / oracle per phase: " + ", ".join(f"{x:.2f}" for x in ratios)
+        r, phases = data["results"], data["phases"]
+        fixed = [name for name in r if name.startswith("fixed-")]
+        oracle = [max(fixed, key=lambda f, i=i: r[f][i]["tps"]) for i in range(len(phases))]
+        lines.append(f"\n{case}: tokens/s per phase ({data['targets']} targets interleaved; "
+                     "restarts charged)")
+        lines.append("strategy         " + "".join(f"{p:>22}" for p in phases) + "     total")
+        for name in r:
+            cells = "".join(f"{x['tps']:>10.1f} (restart {x['restart_s']:>4.1f}s)"
+                            for x in r[name])
+            lines.append(f"{name:<16} {cells} {total(r[name]):>9.1f}")
+        lines.append("oracle (best fixed per phase): " + ", ".join(
+            f"{p} {o} {r[o][i]['tps']:.1f}" for i, (p, o) in enumerate(zip(phases, oracle,
+                                                                          strict=True))))
+        tuned = r["tuned"]
+        per_phase = [tuned[i]["tps"] / r[o][i]["tps"] for i, o in enumerate(oracle)]
+        oracle_total = (sum(r[o][i]["tokens"] for i, o in enumerate(oracle))
+                        / sum(r[o][i]["seconds"] for i, o in enumerate(oracle)))
+        lines.append("tuned / oracle per phase: " + ", ".join(f"{x:.2f}" for x in per_phase)
                      + "  (goal >= 0.95)")
-        lines.append(f"tuned / rule of thumb, whole run: {tot(tuned) / tot(rule):.2f}  (goal >= 1.10)")
-        off = data["sweep"]
-        off_ratio = [t["tps"] / off[p]["off"]["tps"] for t, p in zip(tuned, phases, strict=True)]
-        lines.append("tuned / speculation off per phase: " + ", ".join(f"{x:.2f}" for x in off_ratio)
-                     + ("  (goal >= 0.97 where speculation hurts)" if case == "self-draft" else ""))
+        lines.append(f"tuned / rule of thumb, whole run: {total(tuned) / total(r['rule']):.2f}"
+                     "  (goal >= 1.10)")
+        lines.append(f"oracle / rule of thumb, whole run: {oracle_total / total(r['rule']):.2f}"
+                     "  (the most any strategy could reach)")
+        off = r["fixed-off"]
+        lines.append("tuned / speculation off per phase: " + ", ".join(
+            f"{t['tps'] / o['tps']:.2f}" for t, o in zip(tuned, off, strict=True)))
+        if "fixed-64" in r:
+            lines.append("noise: defaults / fixed-64 (the same flags) per phase: " + ", ".join(
+                f"{a['tps'] / b['tps']:.2f}" for a, b in zip(r["defaults"], r["fixed-64"],
+                                                             strict=True)))
         lines.append("tuning decisions: " + "; ".join(
             f"{e['action']} {e['old']}->{e['new']}" for e in data["tuning_events"]))
     return "\n".join(lines)

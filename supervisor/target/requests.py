@@ -19,6 +19,10 @@ class ProxyRequests:
     def __init__(self) -> None:
         self._in_flight = 0
         self._peak = 0  # the most in flight since take_peak() was last called
+        # Wall seconds spent at each number of requests in flight since take_busy() was
+        # last called: exact, where the runtime's gauges are only seen once per read.
+        self._busy: dict[int, float] = {}
+        self._level_since = time.monotonic()
         self._idle = asyncio.Event()
         self._idle.set()
         self.count = 0  # completions whose timings the runtime returned
@@ -33,6 +37,7 @@ class ProxyRequests:
     @contextlib.asynccontextmanager
     async def relaying(self) -> AsyncIterator[None]:
         """Around one request being relayed to the runtime."""
+        self._accrue()
         self._in_flight += 1
         self._peak = max(self._peak, self._in_flight)
         self._idle.clear()
@@ -41,6 +46,7 @@ class ProxyRequests:
             yield
         finally:
             self.last_used = time.time()
+            self._accrue()
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
@@ -55,6 +61,21 @@ class ProxyRequests:
         interval ran at, as the proxy saw it)."""
         peak, self._peak = self._peak, self._in_flight
         return peak
+
+    def take_busy(self) -> dict[int, float]:
+        """Wall seconds spent at each number of requests in flight (1, 2, ...) since the
+        previous call."""
+        self._accrue()
+        busy, self._busy = self._busy, {}
+        return busy
+
+    def _accrue(self) -> None:
+        """Book the time since the last change to the current number in flight."""
+        now = time.monotonic()
+        if self._in_flight > 0:
+            self._busy[self._in_flight] = self._busy.get(self._in_flight, 0.0) + (
+                now - self._level_since)
+        self._level_since = now
 
     async def drained(self, timeout: float) -> bool:
         """Wait until no request is in flight, at most `timeout` seconds; whether it got there."""

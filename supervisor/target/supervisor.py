@@ -393,7 +393,8 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
     def _on_sample(self, sample: MetricsSample) -> None:
         self.metrics = sample
         try:
-            if reason := self.tuner.observe(sample, self.requests.take_peak()):
+            if reason := self.tuner.observe(sample, self.requests.take_peak(),
+                                            self.requests.take_busy()):
                 self.send(Command.RETUNE, reason)
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")

@@ -11,7 +11,7 @@ it records a measurement and restarts nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -23,11 +23,14 @@ from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
+from supervisor.tuning.regimes import recall, remember, setting_key
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
 from supervisor.tuning.variants import allowed_variants, search
 from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
+# Decisions that judged the window at the setting in effect (its acceptance describes it).
+EVALUATIONS = frozenset({"keep", "retune", "explore", "disable", "variant"})
 
 
 class AutoTuner:
@@ -49,6 +52,9 @@ class AutoTuner:
         self.retunes = 0
         self.features: frozenset[str] = frozenset()  # the runtime build's (preflight)
         self._drifted = False
+        # Acceptance judged at each setting since the last drift: the regime it leaves
+        # (not while a change is building: those windows hold some of the next regime).
+        self._seen: dict[str, float] = {}
         self._pending: Decision | None = None
         self._pending_since = 0.0
         self._pending_sent = False
@@ -124,13 +130,15 @@ class AutoTuner:
         self._remember(replace(self.memory, phase=SPECULATING, baseline_tps=None,
                                baseline_by_load={}, baseline_key=key, measured={}))
 
-    def observe(self, sample: MetricsSample, proxy_peak: int = 0) -> str | None:
+    def observe(self, sample: MetricsSample, proxy_peak: int = 0,
+                proxy_busy: Mapping[int, float] | None = None) -> str | None:
         """Add a metrics sample (`proxy_peak`: the most requests the proxy had in flight to
-        this target since the previous sample); returns the reason for a restart when one
-        is due now."""
+        this target since the previous sample; `proxy_busy`: the seconds it had 1, 2, ...
+        in flight meanwhile, by number); returns the reason for a restart when one is due
+        now."""
         now = time.time()
         delta = self.window.observe(sample, now)
-        self._file_by_load(sample, delta, proxy_peak, now)
+        self._file_by_load(sample, delta, proxy_peak, proxy_busy or {}, now)
         if not self.active:
             return None
         if (delta is not None and delta.acceptance_rate is not None and self.speculation_on
@@ -143,8 +151,7 @@ class AutoTuner:
             self.window.clear()
             self.by_load.clear()
             self.drift.reset()
-            # Speedups measured before the change describe a workload that is gone.
-            self._remember(replace(self.memory, measured={}, variants={}))
+            self._leave_regime(now)
         if self._pending is None:
             decision = self._decide(now)
             if decision is not None and decision.action == "keep":
@@ -163,15 +170,61 @@ class AutoTuner:
         load = summary(self.by_load.stats(), settings.min_tokens)
         if self.lengths_by_load and self.memory.phase == SPECULATING:
             return judge_table(self.memory, stats.drafts, settings, now, self._drifted, load)
-        decision = plan(self.memory, stats, settings, self.bounds(), now, self._drifted, load)
+        bounds = self.bounds()
+        if self._drifted and stats.drafts >= settings.min_steps:
+            self._recall_regime(setting_key(self.variant, bounds.current), stats)
+        decision = plan(self.memory, stats, settings, bounds, now, self._drifted, load)
         decision = search(decision, self.variant or "", self.variants_allowed, settings, now)
+        if (decision is not None and decision.action in EVALUATIONS and stats.acceptance_rate
+                and not self.drift.building()):
+            self._seen[setting_key(self.variant, bounds.current)] = stats.acceptance_rate
         return tabulate(decision, LENGTHS_BY_LOAD in self.features, settings, now)
 
+    def _leave_regime(self, now: float) -> None:
+        """At a drift: the speedups measured before it describe a workload that is gone;
+        they are kept with the acceptance last judged, for its return (tuning/regimes.py)."""
+        m = self.memory
+        regimes = remember(m.regimes, self._seen, self.variant, m.measured, m.variants, now)
+        self._seen = {}
+        self._remember(replace(m, measured={}, variants={}, regimes=regimes))
+
+    def _recall_regime(self, setting: str, stats: WindowStats) -> None:
+        """After a drift, once there is evidence: if the acceptance at this setting is a
+        kept regime's, its measurements come back and the search resumes from them."""
+        m = self.memory
+        if m.measured or m.variants or stats.acceptance_rate is None:
+            return
+        regime = recall(m.regimes, setting, stats.acceptance_rate)
+        if regime is None:
+            return
+        # Speedups by length are the variant's that ran when the regime was left.
+        measured = dict(regime["measured"]) if regime.get("variant") == self.variant else {}
+        variants = dict(regime["variants"])
+        if not (measured or variants):
+            return
+        self._remember(replace(m, measured=measured, variants=variants))
+        self.emit("tuning", f"acceptance {stats.acceptance_rate:.2f} at {setting} matches a "
+                  f"workload seen before ({regime['acceptance'][setting]:.2f}): resuming from "
+                  "what was measured in it", action="recall", setting=setting,
+                  acceptance_rate=round(stats.acceptance_rate, 4),
+                  regime_acceptance=regime["acceptance"][setting],
+                  measured={k: round(v["speedup"], 3) for k, v in measured.items()},
+                  variants=variants)
+
     def _file_by_load(self, sample: MetricsSample, delta: Delta | None, proxy_peak: int,
-                      now: float) -> None:
+                      proxy_busy: Mapping[int, float], now: float) -> None:
         last_time, last_running = self._last_scrape or (now, 0)
         running = max(last_running, sample.requests_processing, proxy_peak)
-        self.by_load.busy(now, running, now - last_time)
+        busy = now - last_time
+        if proxy_busy and max(last_running, sample.requests_processing) <= proxy_peak:
+            # The proxy saw every request the runtime's gauges show: its clock is exact,
+            # where a request seen running at one read books the whole interval either
+            # side (a 1 s request between reads 1 s apart counted 2 s: sparse traffic, and
+            # short fast requests most, looked up to half as fast as it was). Booked under
+            # the interval's load like its tokens, so a bucket's throughput stays tokens
+            # and time of the same intervals.
+            busy = min(busy, sum(proxy_busy.values()))
+        self.by_load.busy(now, running, busy)
         if delta is not None:
             self.by_load.add(delta, running)
         self._last_scrape = (now, sample.requests_processing)
@@ -209,6 +262,7 @@ class AutoTuner:
         m = self.memory
         return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
                 "variant": self.variant, "variants_measured": m.variants,
+                "regimes_kept": len(m.regimes),
                 "lengths_by_load": self.lengths_by_load,
                 "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
                 "baseline_by_load": {b: round(t, 2) for b, t in m.baseline_by_load.items()},

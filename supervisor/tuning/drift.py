@@ -27,6 +27,11 @@ class PageHinkley:
     def reset(self) -> None:
         self.n, self.mean, self.up, self.down = 0, 0.0, 0.0, 0.0
 
+    def building(self) -> bool:
+        """Evidence of a change is accumulating (a quarter of the threshold): the latest
+        observations may belong to the next regime already."""
+        return max(self.up, self.down) > self.threshold / 4
+
     def update(self, x: float) -> str | None:
         """Add one observation; returns "up" or "down" when a sustained change is detected."""
         self.n += 1

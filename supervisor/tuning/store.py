@@ -41,6 +41,9 @@ class TunerMemory:
     # Tables that were run and measured slower than one length (not proposed again until a
     # drift clears the measurements).
     rejected_tables: list[dict[str, int]] = field(default_factory=list)
+    # Workload regimes seen before a drift, with what was measured in them, for the day
+    # the workload comes back (tuning/regimes.py).
+    regimes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def speculation(self) -> bool:

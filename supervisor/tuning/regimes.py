@@ -1,0 +1,64 @@
+"""Workload regimes the tuner has seen before: what a search found, kept for the return.
+
+A drift of acceptance means the workload changed, and the speedups measured before it
+describe a workload that is gone, so the tuner forgets them and searches again. But
+workloads come back (code in working hours, chat in the evening; the benchmark's
+code → prose → code), and searching again costs a restart per candidate. So at a drift
+the outgoing regime is kept: the acceptance rate judged at each setting that ran in it,
+with what was measured (speedups by length, results by n-gram variant). When, after a
+later drift, the acceptance at the setting running then is within `TOLERANCE` of a kept
+regime's at that same setting, the regime's measurements come back and the search resumes
+from them instead of from nothing: straight to the regime's best setting, or it stays.
+
+Acceptance is compared only at the same setting (variant and length): it depends on the
+setting as much as on the text. A regime that matches a kept one at a setting both saw is
+the same regime (the newer replaces the older); at most `LIMIT` are kept, the least
+recently seen dropped first. The functions are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# The drift detector ignores changes under 5 points of acceptance and needs a far larger
+# step to fire quickly; regimes closer than 8 points are not told apart.
+TOLERANCE = 0.08
+LIMIT = 4
+
+# acceptance {setting: rate}, variant, measured, variants, seen (JSON-ready)
+Regime = Mapping[str, Any]
+
+
+def setting_key(variant: str | None, length: int | None) -> str:
+    """The setting acceptance was seen at, e.g. "mod:16"; "default" for a runtime default."""
+    return f"{variant or '-'}:{length if length is not None else 'default'}"
+
+
+def remember(regimes: Sequence[Regime], acceptance: Mapping[str, float], variant: str | None,
+             measured: Mapping[str, Any], variants: Mapping[str, Any],
+             now: float) -> list[dict[str, Any]]:
+    """The kept regimes with this one added (kept ones it matches are replaced); nothing is
+    added when nothing was judged or measured in it. `measured`: speedups by length of
+    `variant`, the one running at the drift; `variants`: results by variant."""
+    if not acceptance or not (measured or variants):
+        return [dict(r) for r in regimes]
+    kept = [dict(r) for r in regimes
+            if not any(_matches(r, k, rate) for k, rate in acceptance.items())]
+    kept.append({"acceptance": {k: round(v, 4) for k, v in acceptance.items()},
+                 "variant": variant, "measured": dict(measured), "variants": dict(variants),
+                 "seen": now})
+    kept.sort(key=lambda r: r["seen"])
+    return kept[-LIMIT:]
+
+
+def recall(regimes: Sequence[Regime], setting: str, acceptance: float) -> Regime | None:
+    """The kept regime this acceptance at this setting matches (the closest), if any."""
+    matches = [r for r in regimes if _matches(r, setting, acceptance)]
+    return min(matches, key=lambda r: abs(r["acceptance"][setting] - acceptance), default=None)
+
+
+def _matches(regime: Regime, setting: str, acceptance: float) -> bool:
+    seen = regime.get("acceptance", {})
+    return isinstance(seen, Mapping) and setting in seen and \
+        abs(float(seen[setting]) - acceptance) <= TOLERANCE
