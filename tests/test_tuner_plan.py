@@ -57,11 +57,29 @@ def test_a_single_measurement_leads_to_one_exploration_then_to_a_decision_on_two
     assert set(back.memory.measured) == {"4", str(d.memory.length)}
 
 
-def test_a_tiny_predicted_gain_is_not_worth_a_restart_even_to_explore():
+def test_a_tiny_possible_gain_is_not_worth_a_restart_even_to_explore():
+    # Acceptance falls off fast: even if a drafted step's cost were all fixed, a longer
+    # draft would add almost nothing.
+    memory = TunerMemory("x", baseline_tps=80.0)
+    d = plan(memory, stats(rates=(0.9, 0.5, 0.2, 0.05)), SETTINGS, BOUNDS, 1000.0, False)
+    assert d.action == "keep"
+    assert 0 <= d.data["predicted_gain"] < SETTINGS.min_gain / 2
+
+
+def test_drafts_still_accepted_at_the_limit_are_measured_at_twice_the_length():
+    # From one point the model takes a drafted step's cost as all per-token and predicts
+    # next to nothing for longer drafts; with the cost all fixed, 8 could give +22 %: one
+    # restart measures a second point, which fits the split.
     memory = TunerMemory("x", baseline_tps=80.0)
     d = plan(memory, stats(), SETTINGS, BOUNDS, 1000.0, False)
-    assert d.action == "keep"
-    assert 0 < d.data["predicted_gain"] < SETTINGS.min_gain / 2
+    assert d.action == "explore" and d.memory.length == 8
+    assert d.data["predicted_gain"] >= SETTINGS.min_gain
+    assert "fixed cost from its per-token cost" in d.reason
+    # Measured: 8 is no better. Two points now: no further exploring, back to the best.
+    later = Bounds(current=8, low=1, high=16, tunable=True)
+    same = plan(d.memory, stats(rates=(0.9, 0.8, 0.7, 0.6, 0.1, 0.05, 0.0, 0.0), seconds=4.4),
+                SETTINGS, later, 2000.0, False)
+    assert same.action == "retune" and same.memory.length == 4
 
 
 def test_methods_with_nothing_to_tune_are_only_switched_on_or_off():

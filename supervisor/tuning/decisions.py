@@ -166,17 +166,29 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
     target = choice.model_best
     predicted = (choice.predictions[target] / choice.current_speedup - 1.0
                  if target is not None else 0.0)
+    said = None
     # Explore only a promising length (at least half the gain a retune needs): a restart
     # to measure a predicted +1 % costs more than it can return.
     if (len(measured) < 2 and target is not None and target != bounds.current
             and predicted >= settings.min_gain / 2):
+        said = (f"the model predicts {predicted:+.0%} from one measured length; a second point "
+                "fits the cost of drafting")
+    elif (len(measured) < 2 and choice.probe is not None and choice.probe_speedup
+          and (bound := choice.probe_speedup / choice.current_speedup - 1.0)
+          >= settings.min_gain):
+        # One point cannot split a drafted step's cost into fixed and per-token parts; the
+        # model assumed all per-token, and at the other end the longer draft gains `bound`.
+        target, predicted = choice.probe, bound
+        said = (f"one measured length cannot tell a drafted step's fixed cost from its "
+                f"per-token cost, and with the cost all fixed {target} would give up to "
+                f"{bound:+.0%}; a second point decides")
+    if said is not None and target is not None:
         data = {**data, "new_length": target, "predicted_gain": _r(predicted),
-                "predicted_speedup": _r(choice.predictions[target])}
+                "predicted_speedup": _r(choice.predictions.get(target, choice.probe_speedup))}
         return Decision("explore", replace(memory, length=target, last_change=now,
                                            last_decision=data),
-                        f"draft length {bounds.current} -> {target} to measure it: the model "
-                        f"predicts {predicted:+.0%} from one measured length; a second point "
-                        "fits the cost of drafting", data)
+                        f"draft length {bounds.current} -> {target} to measure it: {said}",
+                        data)
     return Decision("keep", replace(memory, last_decision=data),
                     f"keeping draft length {bounds.current}: {choice.current_speedup:.2f}x "
                     f"measured, best alternative {choice.predicted_speedup:.2f}x", data)

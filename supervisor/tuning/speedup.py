@@ -74,6 +74,10 @@ class Choice:
     predictions: dict[int, float] = field(default_factory=dict)
     overhead: float = 0.0  # a: fixed cost of a drafted step (0 until two lengths are measured)
     model_best: int | None = None  # the best length the model alone would pick
+    # With one length measured: twice it, and its speedup if a drafted step's cost were all
+    # fixed (the optimistic end of what one point allows; see `probe`).
+    probe: int | None = None
+    probe_speedup: float | None = None
 
     @property
     def gain(self) -> float:
@@ -164,7 +168,29 @@ def choose(ev: Evidence, low: int, high: int, off_margin: float,
     def best_of(table: dict[int, float]) -> int:
         return max(table, key=lambda k: (round(table[k], 6), -k))
     best, model_best = best_of(predictions), best_of(model)
+    probe, probe_speedup = _probe(ev, measured, high, decay)
     if predictions[best] < 1.0 + off_margin:
-        return Choice(None, 1.0, current, cost, decay, predictions, overhead, model_best)
+        return Choice(None, 1.0, current, cost, decay, predictions, overhead, model_best,
+                      probe, probe_speedup)
     return Choice(best, predictions[best], current, cost, decay, predictions, overhead,
-                  model_best)
+                  model_best, probe, probe_speedup)
+
+
+def _probe(ev: Evidence, measured: dict[int, Measurement], high: int,
+           decay: float) -> tuple[int | None, float | None]:
+    """Twice the current length, and its speedup if a drafted step cost a fixed amount
+    whatever its size.
+
+    One measured length fixes the cost of a drafted step, a + b*d, but not how it splits
+    into a fixed part a and a per-token part b; the model then takes it all as per-token
+    (a = 0), which is the pessimistic end for longer drafts. On this CPU the truth is far
+    from it for n-gram drafts (verifying 32 tokens costs little more than 16: ngram-mod
+    measured 1.17x faster at n-max 32 than at 16 on code, where the one-point model
+    predicted +1 % at best). The other end, all fixed (b = 0), bounds what a longer draft
+    can give; `decisions.evaluate` measures the probe when even that is worth less than a
+    retune would need, it does not."""
+    if len(measured) != 1 or 2 * ev.length > high or ev.draft_fraction <= 0:
+        return None, None
+    fixed = measured[ev.length].step_cost
+    probe = 2 * ev.length
+    return probe, predict_speedup(ev, probe, 0.0, decay, overhead=fixed)
