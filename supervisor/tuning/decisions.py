@@ -30,7 +30,7 @@ from typing import Any
 
 from supervisor.config.schema import Tuning
 from supervisor.tuning.mix import MixJudgement, Summary, judge, over_mix
-from supervisor.tuning.speedup import Evidence, Measurement, choose, measurement
+from supervisor.tuning.speedup import Choice, Evidence, Measurement, choose, measurement
 from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
 from supervisor.tuning.window import WindowStats
 
@@ -163,25 +163,7 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
                         f"draft length {bounds.current} -> {choice.length}: predicted "
                         f"{choice.predicted_speedup:.2f}x vs {choice.current_speedup:.2f}x now "
                         f"(+{choice.gain:.0%}) over {stats.drafts} verification steps", data)
-    target = choice.model_best
-    predicted = (choice.predictions[target] / choice.current_speedup - 1.0
-                 if target is not None else 0.0)
-    said = None
-    # Explore only a promising length (at least half the gain a retune needs): a restart
-    # to measure a predicted +1 % costs more than it can return.
-    if (len(measured) < 2 and target is not None and target != bounds.current
-            and predicted >= settings.min_gain / 2):
-        said = (f"the model predicts {predicted:+.0%} from one measured length; a second point "
-                "fits the cost of drafting")
-    elif (len(measured) < 2 and choice.probe is not None and choice.probe_speedup
-          and (bound := choice.probe_speedup / choice.current_speedup - 1.0)
-          >= settings.min_gain):
-        # One point cannot split a drafted step's cost into fixed and per-token parts; the
-        # model assumed all per-token, and at the other end the longer draft gains `bound`.
-        target, predicted = choice.probe, bound
-        said = (f"one measured length cannot tell a drafted step's fixed cost from its "
-                f"per-token cost, and with the cost all fixed {target} would give up to "
-                f"{bound:+.0%}; a second point decides")
+    target, predicted, said = _explore(choice, len(measured), bounds.current, settings)
     if said is not None and target is not None:
         data = {**data, "new_length": target, "predicted_gain": _r(predicted),
                 "predicted_speedup": _r(choice.predictions.get(target, choice.probe_speedup))}
@@ -192,6 +174,33 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
     return Decision("keep", replace(memory, last_decision=data),
                     f"keeping draft length {bounds.current}: {choice.current_speedup:.2f}x "
                     f"measured, best alternative {choice.predicted_speedup:.2f}x", data)
+
+
+def _explore(choice: Choice, n_measured: int, current: int,
+             settings: Tuning) -> tuple[int | None, float, str | None]:
+    """The length worth one restart to measure, its predicted gain and why; (None, 0, None)
+    when none is. Only while a single length has been measured in this regime."""
+    if n_measured >= 2:
+        return None, 0.0, None
+    target = choice.model_best
+    predicted = (choice.predictions[target] / choice.current_speedup - 1.0
+                 if target is not None else 0.0)
+    # Explore only a promising length (at least half the gain a retune needs): a restart
+    # to measure a predicted +1 % costs more than it can return.
+    if target is not None and target != current and predicted >= settings.min_gain / 2:
+        return target, predicted, (f"the model predicts {predicted:+.0%} from one measured "
+                                   "length; a second point fits the cost of drafting")
+    if choice.probe is not None and choice.probe_speedup:
+        bound = choice.probe_speedup / choice.current_speedup - 1.0
+        if bound >= settings.min_gain:
+            # One point cannot split a drafted step's cost into fixed and per-token parts;
+            # the model assumed all per-token, and at the other end the longer draft gains
+            # `bound`.
+            return choice.probe, bound, (
+                "one measured length cannot tell a drafted step's fixed cost from its "
+                f"per-token cost, and with the cost all fixed {choice.probe} would give up "
+                f"to {bound:+.0%}; a second point decides")
+    return None, 0.0, None
 
 
 def _reweighed(measured: dict[int, Measurement],
