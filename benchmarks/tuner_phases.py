@@ -85,6 +85,8 @@ COOLDOWN_S, REPROBE_S = 8, 16
 BENCH_TUNING = {"enabled": True, "min_tokens": 400, "min_steps": 40, "max_wait": "5s"}
 CHUNK = 8  # the rule of thumb's chunk of requests
 WARMUP_MAX = 96  # requests per target at most before the measured phases
+KEPT_DATA = ("measured_speedup", "predicted_speedup", "measured", "baseline_tps", "by_load",
+             "baseline_by_load", "variants", "waited_off_s", "evidence")
 
 
 def spec_with(base: dict[str, Any], length: Any) -> dict[str, Any]:
@@ -330,7 +332,9 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
             "tuning_events": [{"time": e["time"], "reason": e["reason"],
                                "action": e["data"].get("action"),
                                "old": e["data"].get("old_variant") or e["data"].get("old_length"),
-                               "new": e["data"].get("new_variant") or e["data"].get("new_length")}
+                               "new": e["data"].get("new_variant") or e["data"].get("new_length"),
+                               # The numbers behind it, for reading a surprising decision.
+                               "data": {k: e["data"][k] for k in KEPT_DATA if k in e["data"]}}
                               for e in events if e["kind"] == "tuning"
                               and e.get("target") == "tuned"],
             "phase_windows": windows}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from supervisor.config.schema import Tuning
 from supervisor.tuning.decisions import Bounds, plan
 from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
@@ -106,3 +108,23 @@ def test_a_window_too_small_before_the_baseline_just_restores_speculation():
     first = plan(TunerMemory("x"), stats(drafts=5), SETTINGS, BOUNDS, 0.0, False)
     d = plan(first.memory, WindowStats(0, 0, 0, 400, 2.0, (), 3), SETTINGS, BOUNDS, 10.0, False)
     assert d.action == "restore" and d.memory.speculation and d.memory.measured == {}
+
+
+def test_reprobes_that_find_speculation_still_not_paying_back_off():
+    memory = TunerMemory("x", baseline_tps=200.0)  # window: 100 tok/s -> 0.5x
+    off = plan(memory, stats(), SETTINGS, BOUNDS, 0.0, False).memory
+    assert off.disables == 1
+    assert plan(off, stats(), SETTINGS, BOUNDS, 700.0, False).action == "enable"
+    # The re-probe measured 0.5x again: the next one waits twice as long.
+    again = plan(replace(off, phase=SPECULATING, last_change=700.0), stats(), SETTINGS,
+                 BOUNDS, 800.0, False).memory
+    assert again.phase == OFF and again.disables == 2
+    assert plan(again, stats(), SETTINGS, BOUNDS, 800.0 + 1100.0, False) is None
+    assert plan(again, stats(), SETTINGS, BOUNDS, 800.0 + 1300.0, False).action == "enable"
+    # Capped: after many, at most 8x the re-probe.
+    many = replace(again, disables=20)
+    assert plan(many, stats(), SETTINGS, BOUNDS, 800.0 + 8 * 600 + 1, False).action == "enable"
+    # A re-probe that pays starts the wait over.
+    pays = plan(replace(again, phase=SPECULATING, last_change=0.0, baseline_tps=50.0), stats(),
+                SETTINGS, BOUNDS, 5000.0, False)
+    assert pays.memory.disables == 0 and pays.memory.phase == SPECULATING

@@ -182,3 +182,36 @@ def test_measured_lengths_outrank_the_model():
     informed = choose(ev, 1, 32, 0.03, slow)
     assert informed.length != model_only.length
     assert informed.predictions[model_only.length] == 0.5
+
+
+def _measured_as_modelled(ev: Evidence, truth, cost: float, lengths) -> dict:
+    from supervisor.tuning.speedup import Measurement
+    return {k: Measurement(predict_speedup(ev, k, cost, fit_decay(ev.per_position_rate)),
+                           1.0, float(k), sum(truth[:k])) for k in lengths}
+
+
+def test_a_length_beside_a_measured_one_is_predicted_from_that_measurement():
+    from supervisor.tuning.speedup import Measurement
+
+    truth = geometric(0.95, 0.98, 64)
+    ev = evidence_for(truth, 16, cost=0.02)
+    model_only = choose(ev, 1, 64, 0.03)
+    assert model_only.predictions[47] > 1.5
+    # 48 ran on another window and measured far below what this window's profile suggests:
+    # 47 is judged by it, not by the model alone.
+    slow = {48: Measurement(1.2, 1.0, 48.0, sum(truth[:48]))}
+    informed = choose(ev, 1, 64, 0.03, slow)
+    assert informed.predictions[47] == pytest.approx(1.2, rel=0.03)
+    assert informed.length not in (47, 49)
+
+
+def test_the_search_stops_at_the_best_measured_length_after_the_limit():
+    truth = geometric(0.97, 0.99, 64)
+    ev = evidence_for(truth, 4, cost=0.01)
+    earlier = _measured_as_modelled(ev, truth, 0.01, (8, 16))
+    free = choose(ev, 1, 64, 0.03, earlier)
+    assert free.length not in (4, 8, 16)  # the model still sees a better length to try
+    limited = choose(ev, 1, 64, 0.03, earlier, search_limit=3)
+    assert limited.length == 16  # the best of the three measured
+    assert set(limited.predictions) == {4, 8, 16}
+    assert choose(ev, 1, 64, 0.03, earlier, search_limit=4).length == free.length

@@ -34,6 +34,13 @@ from supervisor.tuning.speedup import Choice, Evidence, Measurement, choose, mea
 from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
 from supervisor.tuning.window import WindowStats
 
+# Lengths tried per workload regime before the search stops at the best one measured.
+SEARCH_LIMIT = 3
+# A re-probe that finds speculation still does not pay doubles the wait before the next,
+# up to 2**REPROBE_DOUBLINGS times `reprobe`: a target whose speculation never pays (a
+# self-draft, a prose-only workload) stops paying a restart and a slow window every hour.
+REPROBE_DOUBLINGS = 3
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -65,11 +72,12 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
             return None
         return _baseline_done(memory, stats, settings, bounds, now, load)
     if memory.phase == OFF:
-        if memory.last_change is not None and now - memory.last_change < settings.reprobe:
+        wait = reprobe_wait(memory, settings)
+        if memory.last_change is not None and now - memory.last_change < wait:
             return None
         return Decision("enable", replace(memory, phase=SPECULATING, last_change=now),
                         f"re-probing speculation at length {bounds.current} after "
-                        f"{settings.reprobe:g}s off", {"length": bounds.current})
+                        f"{wait:g}s off", {"length": bounds.current, "waited_off_s": wait})
     if memory.baseline_tps is None:
         # Wait for enough speculative evidence too, so that it can be judged the moment the
         # baseline is known; a target that hardly ever drafts gets its baseline anyway.
@@ -88,6 +96,12 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
             and now - memory.last_change < settings.cooldown):
         return None
     return evaluate(memory, stats, settings, bounds, now, drift, load)
+
+
+def reprobe_wait(memory: TunerMemory, settings: Tuning) -> float:
+    """Seconds off before the next re-probe: `reprobe`, doubled for each re-probe in a row
+    that found speculation still not paying."""
+    return settings.reprobe * 2 ** min(max(memory.disables - 1, 0), REPROBE_DOUBLINGS)
 
 
 def _baseline_done(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
@@ -136,7 +150,7 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
                   mix.by_load if mix else {})
     low, high = (bounds.low, bounds.high) if bounds.tunable else (bounds.current, bounds.current)
     earlier = _reweighed(memory.measurements(), mix)
-    choice = choose(ev, low, high, settings.off_margin, earlier)
+    choice = choose(ev, low, high, settings.off_margin, earlier, SEARCH_LIMIT)
     measured = {**memory.measured, str(bounds.current): asdict(measurement(ev))}
     memory = replace(memory, measured=measured)
     data = {"old_length": bounds.current, "new_length": choice.length,
@@ -152,11 +166,14 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
         data["by_load"] = mix.to_dict()
     if choice.length is None:
         best = max(choice.predictions.values())
-        return Decision("disable", replace(memory, phase=OFF, last_change=now, last_decision=data),
+        off = replace(memory, phase=OFF, last_change=now, last_decision=data,
+                      disables=memory.disables + 1)
+        return Decision("disable", off,
                         f"speculation does not pay: {choice.current_speedup:.2f}x at length "
                         f"{bounds.current} and at best {best:.2f}x predicted within "
                         f"[{low}, {high}], under the {settings.off_margin:.0%} margin; "
                         "turning it off", data)
+    memory = replace(memory, disables=0)  # speculation pays: the re-probe wait starts over
     if choice.length != bounds.current and choice.gain >= settings.min_gain:
         return Decision("retune", replace(memory, length=choice.length, last_change=now,
                                           last_decision=data),

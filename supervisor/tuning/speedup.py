@@ -151,11 +151,15 @@ def predict_speedup(ev: Evidence, length: int, cost: float, decay: float,
 
 
 def choose(ev: Evidence, low: int, high: int, off_margin: float,
-           measured: dict[int, Measurement] | None = None) -> Choice:
+           measured: dict[int, Measurement] | None = None,
+           search_limit: int | None = None) -> Choice:
     """The best length within [low, high], or None if none beats speculation off by the margin.
 
     `measured` holds speedups measured earlier at other lengths (same workload regime);
-    they take precedence over predictions, and together they fit the cost model.
+    they take precedence over predictions, and together they fit the cost model. Once
+    `search_limit` lengths have been measured, only they are candidates: each one tried cost
+    a restart, and on noisy windows a model refitted at every point keeps finding a new
+    "best" length (run 7 of benchmarks/tuner_phases.py: eight retunes in one workload).
     """
     measured = {**(measured or {}), ev.length: measurement(ev)}
     decay = fit_decay(ev.per_position_rate)
@@ -163,7 +167,11 @@ def choose(ev: Evidence, low: int, high: int, off_margin: float,
     current = measured[ev.length].speedup
     lengths = range(max(1, low), high + 1)
     model = {k: predict_speedup(ev, k, cost, decay, overhead) for k in lengths}
-    predictions = {k: measured[k].speedup if k in measured else model[k] for k in lengths}
+    predictions = {k: measured[k].speedup if k in measured
+                   else _anchored(ev, k, model[k], measured, cost, decay, overhead)
+                   for k in lengths}
+    if search_limit is not None and len(measured) >= search_limit:
+        predictions = {k: v for k, v in predictions.items() if k in measured} or predictions
     # Ties go to the shorter length: it wastes less when acceptance drops.
     def best_of(table: dict[int, float]) -> int:
         return max(table, key=lambda k: (round(table[k], 6), -k))
@@ -174,6 +182,17 @@ def choose(ev: Evidence, low: int, high: int, off_margin: float,
                       probe, probe_speedup)
     return Choice(best, predictions[best], current, cost, decay, predictions, overhead,
                   model_best, probe, probe_speedup)
+
+
+def _anchored(ev: Evidence, length: int, modelled: float, measured: dict[int, Measurement],
+              cost: float, decay: float, overhead: float) -> float:
+    """The model's speedup at an unmeasured length, scaled by how far the model missed at the
+    nearest measured length: the curve passes through what was measured. Without it, a
+    length next to a measured one (47 beside 48) could be predicted well above what 48
+    measured, because the acceptance profile of this window is not the one 48 ran on."""
+    nearest = min(measured, key=lambda k: (abs(k - length), k))
+    at_nearest = predict_speedup(ev, nearest, cost, decay, overhead)
+    return modelled * measured[nearest].speedup / at_nearest if at_nearest > 0 else modelled
 
 
 def _probe(ev: Evidence, measured: dict[int, Measurement], high: int,

@@ -44,6 +44,8 @@ class TunerMemory:
     # Workload regimes seen before a drift, with what was measured in them, for the day
     # the workload comes back (tuning/regimes.py).
     regimes: list[dict[str, Any]] = field(default_factory=list)
+    # Times in a row speculation was turned off (reset when it pays): the re-probe backs off.
+    disables: int = 0
 
     @property
     def speculation(self) -> bool:
