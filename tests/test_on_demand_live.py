@@ -20,7 +20,7 @@ import yaml
 from supervisor.config.loader import load_fleet
 from supervisor.plugin.registry import default_registry
 from supervisor.tuning.autotuner import _fingerprint, _runtime_key
-from tests.conftest import DaemonProcess, llama_target, runtime_pids, wait_for, write_fleet
+from tests.conftest import FAST_RESTART, DaemonProcess, llama_target, runtime_pids, wait_for, write_fleet
 
 pytestmark = pytest.mark.live
 
@@ -137,13 +137,15 @@ def test_the_third_target_evicts_the_least_recently_used_idle_one_and_every_requ
 
 def test_a_busy_target_is_drained_before_it_is_evicted(tmp_path, model, llama_server_bin,
                                                        start_daemon):
-    fleet = fleet_of(tmp_path, {"x": on_demand(model, llama_server_bin),
+    # The drain is bounded by x's restart.stop_grace: long enough here for the stream to
+    # end on any machine (at 5 s, the other tests' bound, a slower CI machine cut the
+    # 160-token stream a few tokens before its end).
+    slow_stop = {**FAST_RESTART, "stop_grace": "120s"}
+    fleet = fleet_of(tmp_path, {"x": on_demand(model, llama_server_bin, restart=slow_stop),
                                 "y": on_demand(model, llama_server_bin)}, fit=1)
     daemon = start_daemon(fleet)
     daemon.wait_state("x", "unloaded", 30)
     assert complete(fleet, "x")
-    # 160 tokens finish within the drain's bound (restart.stop_grace, 5 s in these tests);
-    # a longer stream is cut when the bound runs out (tried: 400 tokens were).
     busy, result = in_background(complete, fleet, "x", 160, stream=True)
     wait_for(lambda: in_flight(fleet, "x") == 1, 30, "x busy")
     asked = time.time()
