@@ -215,3 +215,20 @@ def test_the_search_stops_at_the_best_measured_length_after_the_limit():
     assert limited.length == 16  # the best of the three measured
     assert set(limited.predictions) == {4, 8, 16}
     assert choose(ev, 1, 64, 0.03, earlier, search_limit=4).length == free.length
+
+
+def test_an_untried_length_must_beat_the_best_measured_one_by_the_margin_to_be_tried():
+    truth = geometric(0.97, 0.99, 64)
+    ev = evidence_for(truth, 4, cost=0.01)
+    earlier = _measured_as_modelled(ev, truth, 0.01, (16,))
+    free = choose(ev, 1, 64, 0.03, earlier)
+    assert free.length not in (4, 16)  # the model sees an untried length ahead of both
+    best_known = max(free.predictions[4], free.predictions[16])
+    ahead = free.predictions[free.length] / best_known - 1.0
+    assert ahead > 0
+    # Ahead of the best measured length by more than the margin: it is tried ...
+    assert choose(ev, 1, 64, 0.03, earlier, try_margin=ahead * 0.9).length == free.length
+    # ... by less: the best measured length runs instead (a restart to try a length
+    # predicted barely better than a known one does not pay), not the current one.
+    held = choose(ev, 1, 64, 0.03, earlier, try_margin=ahead * 1.1)
+    assert held.length == 16 and held.predictions == free.predictions

@@ -150,7 +150,7 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
                   mix.by_load if mix else {})
     low, high = (bounds.low, bounds.high) if bounds.tunable else (bounds.current, bounds.current)
     earlier = _reweighed(memory.measurements(), mix)
-    choice = choose(ev, low, high, settings.off_margin, earlier, SEARCH_LIMIT)
+    choice = choose(ev, low, high, settings.off_margin, earlier, SEARCH_LIMIT, settings.min_gain)
     measured = {**memory.measured, str(bounds.current): asdict(measurement(ev))}
     memory = replace(memory, measured=measured)
     data = {"old_length": bounds.current, "new_length": choice.length,

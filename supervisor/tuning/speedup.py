@@ -152,7 +152,7 @@ def predict_speedup(ev: Evidence, length: int, cost: float, decay: float,
 
 def choose(ev: Evidence, low: int, high: int, off_margin: float,
            measured: dict[int, Measurement] | None = None,
-           search_limit: int | None = None) -> Choice:
+           search_limit: int | None = None, try_margin: float = 0.0) -> Choice:
     """The best length within [low, high], or None if none beats speculation off by the margin.
 
     `measured` holds speedups measured earlier at other lengths (same workload regime);
@@ -160,6 +160,10 @@ def choose(ev: Evidence, low: int, high: int, off_margin: float,
     `search_limit` lengths have been measured, only they are candidates: each one tried cost
     a restart, and on noisy windows a model refitted at every point keeps finding a new
     "best" length (run 7 of benchmarks/tuner_phases.py: eight retunes in one workload).
+    A length not yet measured is a candidate only if it is predicted to beat the best
+    measured one by `try_margin`: trying it costs a restart, and a prediction that a
+    known length nearly matches is not worth one (run 8: 33 tried, predicted 2.55x, with
+    48 measured at 2.47x).
     """
     measured = {**(measured or {}), ev.length: measurement(ev)}
     decay = fit_decay(ev.per_position_rate)
@@ -170,14 +174,20 @@ def choose(ev: Evidence, low: int, high: int, off_margin: float,
     predictions = {k: measured[k].speedup if k in measured
                    else _anchored(ev, k, model[k], measured, cost, decay, overhead)
                    for k in lengths}
-    if search_limit is not None and len(measured) >= search_limit:
-        predictions = {k: v for k, v in predictions.items() if k in measured} or predictions
+    known = max(m.speedup for m in measured.values())
+    limited = search_limit is not None and len(measured) >= search_limit
+    candidates = {k: v for k, v in predictions.items() if k in measured
+                  or (not limited and v >= known * (1.0 + try_margin))}
+    if limited:
+        predictions = candidates or predictions
     # Ties go to the shorter length: it wastes less when acceptance drops.
     def best_of(table: dict[int, float]) -> int:
         return max(table, key=lambda k: (round(table[k], 6), -k))
-    best, model_best = best_of(predictions), best_of(model)
+    # Speculation stays on while any length is predicted to pay; the one run is the best
+    # candidate (none: nothing measured lies within the bounds, they were narrowed).
+    best, model_best = best_of(candidates or predictions), best_of(model)
     probe, probe_speedup = _probe(ev, measured, high, decay)
-    if predictions[best] < 1.0 + off_margin:
+    if max(predictions.values()) < 1.0 + off_margin:
         return Choice(None, 1.0, current, cost, decay, predictions, overhead, model_best,
                       probe, probe_speedup)
     return Choice(best, predictions[best], current, cost, decay, predictions, overhead,
