@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from supervisor.config.schema import Tuning
 from supervisor.tuning.decisions import Bounds, plan
 from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
@@ -128,3 +130,32 @@ def test_reprobes_that_find_speculation_still_not_paying_back_off():
     pays = plan(replace(again, phase=SPECULATING, last_change=0.0, baseline_tps=50.0), stats(),
                 SETTINGS, BOUNDS, 5000.0, False)
     assert pays.memory.disables == 0 and pays.memory.phase == SPECULATING
+
+
+def window_at(k: int, a: float, b: float, rates=(0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55),
+              drafts: int = 50, baseline: float = 100.0) -> WindowStats:
+    """A window as a server whose drafted step costs a + b*k plain steps would show it."""
+    accepted = round(drafts * sum(rates[:k]))
+    tokens = drafts + accepted
+    speedup = (1 + accepted / drafts) / (1 + a + b * k)
+    return WindowStats(drafts=drafts, draft_tokens=drafts * k, accepted=accepted,
+                       tokens=tokens, seconds=tokens / (baseline * speedup),
+                       per_position_rate=tuple(rates[:k]), deltas=5)
+
+
+def test_the_cost_split_fitted_on_two_lengths_is_kept_for_the_next_single_measurement():
+    from supervisor.tuning.decisions import evaluate
+
+    memory = TunerMemory("x", baseline_tps=100.0)
+    first = evaluate(memory, window_at(4, 0.5, 0.05), SETTINGS, BOUNDS, 0.0, False)
+    assert first.memory.cost_split is None  # one length cannot split the cost
+    at8 = Bounds(current=8, low=1, high=16, tunable=True)
+    second = evaluate(first.memory, window_at(8, 0.5, 0.05), SETTINGS, at8, 100.0, False)
+    a, b = second.memory.cost_split
+    assert (a, b) == (pytest.approx(0.5, abs=0.02), pytest.approx(0.05, abs=0.005))
+    # Another workload (a drift, or another variant) clears the measurements, not the split:
+    fresh = replace(second.memory, measured={})
+    third = evaluate(fresh, window_at(8, 0.5, 0.05, rates=(0.5,) * 8), SETTINGS, at8, 200.0,
+                     False)
+    assert third.data["cost_split_from"] == "earlier fit"
+    assert third.data["step_overhead"] == pytest.approx(0.5, abs=0.02)

@@ -232,3 +232,36 @@ def test_an_untried_length_must_beat_the_best_measured_one_by_the_margin_to_be_t
     # predicted barely better than a known one does not pay), not the current one.
     held = choose(ev, 1, 64, 0.03, earlier, try_margin=ahead * 1.1)
     assert held.length == 16 and held.predictions == free.predictions
+
+
+def test_one_point_takes_the_split_of_its_cost_from_an_earlier_two_size_fit():
+    from supervisor.tuning.speedup import Measurement, fit_cost, split_of
+
+    def at(d: float, a: float, b: float, f: float = 0.5) -> Measurement:
+        return Measurement((1 + f * d * 0.8) / (1 + f * (a + b * d)), f, d, d * 0.8)
+
+    # A CPU where a drafted step costs mostly a fixed amount: a = 0.6, b = 0.01.
+    split = split_of([at(16, 0.6, 0.01), at(25, 0.6, 0.01)])
+    assert split == (pytest.approx(0.6), pytest.approx(0.01))
+    assert split_of([at(16, 0.6, 0.01)]) is None  # one size cannot split it
+    # Another text (another acceptance), one size measured: its cost splits like the fit's.
+    a, b = fit_cost([at(48, 0.6, 0.01)], prior=split)
+    assert (a, b) == (pytest.approx(0.6), pytest.approx(0.01))
+    assert fit_cost([at(48, 0.6, 0.01)]) == (0.0, pytest.approx((0.6 + 0.48) / 48))
+
+
+def test_with_a_prior_split_one_long_length_does_not_make_every_shorter_one_look_better():
+    # The run-8 pattern: ngram simple measured at 48 alone; the all-per-token fit predicted
+    # 17 at +27 %, and 17 measured slower than 48.
+    truth, f, a, b = geometric(0.8, 0.9, 64), 0.4, 0.9, 0.02
+
+    def true_speedup(k: int) -> float:
+        return (1 + f * sum(truth[:k])) / (1 + f * (a + b * k))
+
+    ev = Evidence(48, truth[:48], f, 48.0, 100.0 * true_speedup(48), 100.0)
+    blind = choose(ev, 1, 64, 0.03)
+    assert blind.predictions[17] > 1.15 * true_speedup(48)
+    informed = choose(ev, 1, 64, 0.03, prior=(a, b))
+    assert informed.predictions[17] == pytest.approx(true_speedup(17), rel=0.01)
+    assert informed.predictions[17] < 1.05 * true_speedup(48)  # not worth a restart
+    assert informed.probe is None  # the split is known: no probe to find it

@@ -128,7 +128,8 @@ class AutoTuner:
                       "measured again", old_key=self.memory.baseline_key, new_key=key)
         # Measure again from scratch: whatever was concluded against the old baseline is void.
         self._remember(replace(self.memory, phase=SPECULATING, baseline_tps=None,
-                               baseline_by_load={}, baseline_key=key, measured={}))
+                               baseline_by_load={}, baseline_key=key, measured={},
+                               cost_split=None))
 
     def observe(self, sample: MetricsSample, proxy_peak: int = 0,
                 proxy_busy: Mapping[int, float] | None = None) -> str | None:

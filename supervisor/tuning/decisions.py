@@ -30,7 +30,7 @@ from typing import Any
 
 from supervisor.config.schema import Tuning
 from supervisor.tuning.mix import MixJudgement, Summary, judge, over_mix
-from supervisor.tuning.speedup import Choice, Evidence, Measurement, choose, measurement
+from supervisor.tuning.speedup import Choice, Evidence, Measurement, choose, measurement, split_of
 from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
 from supervisor.tuning.window import WindowStats
 
@@ -150,14 +150,19 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
                   mix.by_load if mix else {})
     low, high = (bounds.low, bounds.high) if bounds.tunable else (bounds.current, bounds.current)
     earlier = _reweighed(memory.measurements(), mix)
-    choice = choose(ev, low, high, settings.off_margin, earlier, SEARCH_LIMIT, settings.min_gain)
+    choice = choose(ev, low, high, settings.off_margin, earlier, SEARCH_LIMIT, settings.min_gain,
+                    memory.prior())
     measured = {**memory.measured, str(bounds.current): asdict(measurement(ev))}
-    memory = replace(memory, measured=measured)
+    split = split_of([*{**earlier, bounds.current: measurement(ev)}.values()])
+    memory = replace(memory, measured=measured,
+                     cost_split=[round(x, 6) for x in split] if split else memory.cost_split)
     data = {"old_length": bounds.current, "new_length": choice.length,
             "measured_speedup": _r(choice.current_speedup),
             "predicted_speedup": _r(choice.predicted_speedup),
             "predicted_gain": _r(choice.gain), "draft_cost": _r(choice.draft_cost),
             "step_overhead": _r(choice.overhead), "decay": _r(choice.decay),
+            "cost_split_from": "this regime" if split else (
+                "earlier fit" if memory.cost_split else None),
             "baseline_tps": _r(memory.baseline_tps), "drift": drift,
             "measured": {str(k): _r(v.speedup) for k, v in
                          sorted({**earlier, bounds.current: measurement(ev)}.items())},

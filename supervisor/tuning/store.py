@@ -46,10 +46,17 @@ class TunerMemory:
     regimes: list[dict[str, Any]] = field(default_factory=list)
     # Times in a row speculation was turned off (reset when it pays): the re-probe backs off.
     disables: int = 0
+    # A drafted step's cost split into fixed and per-token parts [a, b], last fitted on two
+    # draft sizes: the runtime's and the machine's, kept across regimes and variants and
+    # used where a regime has one length measured (tuning/speedup.fit_cost).
+    cost_split: list[float] | None = None
 
     @property
     def speculation(self) -> bool:
         return self.phase == SPECULATING
+
+    def prior(self) -> tuple[float, float] | None:
+        return (self.cost_split[0], self.cost_split[1]) if self.cost_split else None
 
     def measurements(self) -> dict[int, Measurement]:
         return {int(k): Measurement(**v) for k, v in self.measured.items()}
