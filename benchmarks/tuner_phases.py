@@ -89,6 +89,17 @@ KEPT_DATA = ("measured_speedup", "predicted_speedup", "measured", "baseline_tps"
              "baseline_by_load", "variants", "waited_off_s", "evidence")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (runs on different machines are not comparable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def spec_with(base: dict[str, Any], length: Any) -> dict[str, Any]:
     if length is None:
         return {"method": "none"}
@@ -358,7 +369,7 @@ def main() -> int:
                    "restart": {"stop_grace": "30s"}}
     n, mt = args.requests, args.max_tokens
     out: dict[str, Any] = {"requests_per_phase": n, "max_tokens": mt, "phases": PHASES,
-                           "machine": f"{os.cpu_count()} CPUs", "interleaved": True,
+                           "machine": f"{os.cpu_count()} CPUs, {cpu_model()}", "interleaved": True,
                            "cases": {}}
     cases = {
         "ngram-mod": ({"method": "ngram", "variant": "mod"}, PHASES),
