@@ -6,7 +6,8 @@ fleet file allows several (`speculation.variants`), the length search runs for o
 at a time and this layer sits on top of it. When the length search settles on the current
 variant ("keep"), or finds that it does not pay ("disable"), the variant's measured speedup
 at its tuned length is recorded and the next untried variant is started; once all are
-tried, the best one is run at its best length, or speculation goes off if none pays. A
+tried, the best one is run at its best length (the running one is left only for one
+ahead of it by `min_gain`), or speculation goes off if none pays. A
 drift of acceptance forgets the results (the workload they describe is gone) and the search
 starts again. Every switch is a `tuning` event with action `variant` and the numbers.
 `search` is a pure function of the length layer's decision, like `decisions.plan`.
@@ -54,7 +55,13 @@ def search(decision: Decision | None, variant: str, allowed: tuple[str, ...],
                        f"{said}; trying variant {untried[0]}")
     best = max(results, key=lambda v: results[v]["speedup"])
     pays = results[best]["speedup"] >= 1.0 + settings.off_margin
-    if best != variant and pays:
+    # A switch is a restart: the running variant, measured again just now, is left only
+    # for one ahead by min_gain (or when it does not pay). Without the margin, two variants
+    # within noise of each other took turns (tuner_phases run 9: mod 2.32x / simple 2.24x,
+    # then mod 2.14x: a switch at each measurement).
+    ahead = (decision.action == "disable" or results[best]["speedup"]
+             >= results[variant]["speedup"] * (1.0 + settings.min_gain))
+    if best != variant and pays and ahead:
         return _switch(decision, variant, best, results[best]["length"], results, now,
                        f"{said}; every allowed variant measured "
                        f"({_measured(results)}): running the best, {best}")
