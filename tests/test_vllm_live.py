@@ -356,12 +356,15 @@ def test_a_retune_restarts_vllm_with_the_new_length_and_the_counters_prove_it(
     assert per_step > 5 if expected > 5 else per_step <= expected < 5
 
 
-def test_a_self_draft_on_vllm_is_measured_slower_and_turned_off(
+def test_a_self_draft_on_vllm_that_does_not_beat_off_by_the_margin_is_turned_off(
         daemon_for, vllm_python, vllm_model):
-    # off_margin 10 %: a self-draft measured 1.01-1.02x here, within the noise of the
-    # default 3 % margin; the test is about the decision, not about that noise.
+    # off_margin 100 %: speculation must double throughput to stay on. What a self-draft
+    # gives on vLLM's CPU runner depends on the machine: 1.01-1.02x on a 2-core AMD EPYC,
+    # 1.21x at length 4 and 1.28x at 8 on a 2-core Xeon with AMX (vLLM's per-step overhead
+    # is paid once for a whole draft there). The test is about the decision on what was
+    # measured, not about either machine's speed.
     daemon = daemon_for({"selfdraft": vllm_target(
-        vllm_model, vllm_python, tuning={**FAST_TUNING, "off_margin": "10%"},
+        vllm_model, vllm_python, tuning={**FAST_TUNING, "off_margin": "100%"},
         speculation={"method": "draft", "draft": vllm_model,
                      "length": {"start": 4, "min": 1, "max": 8}})})
     first = ready_after_start(daemon, "selfdraft")
@@ -378,10 +381,9 @@ def test_a_self_draft_on_vllm_is_measured_slower_and_turned_off(
     print(f"[vllm] self-draft decisions: {json.dumps([e['data'] for e in decisions])}",
           file=sys.stderr)
     off = next(e for e in decisions if e["data"].get("action") == "disable")
-    # On llama.cpp a self-draft is slower than no speculation. On vLLM's CPU runner it was
-    # measured at 1.01-1.02x (every draft token accepted, but each costs a full forward pass
-    # of the same model): no faster, so it does not beat "off" by the margin.
-    assert off["data"]["measured_speedup"] < 1.10 and off["data"]["baseline_tps"] > 0
+    # Every draft token is accepted, but each costs a forward pass of the same model: far
+    # from the 2x the margin asks for.
+    assert off["data"]["measured_speedup"] < 2.0 and off["data"]["baseline_tps"] > 0
     assert "does not pay" in off["reason"]
     t = wait_for(lambda: (t := daemon.target("selfdraft")).get("state") == "ready"
                  and spec_config(t["pid"]) is None and t, 600, "the server without a draft")
