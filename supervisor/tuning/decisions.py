@@ -152,8 +152,10 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
     earlier = _reweighed(memory.measurements(), mix)
     choice = choose(ev, low, high, settings.off_margin, earlier, SEARCH_LIMIT, settings.min_gain,
                     memory.prior())
-    measured = {**memory.measured, str(bounds.current): asdict(measurement(ev))}
-    split = split_of([*{**earlier, bounds.current: measurement(ev)}.values()])
+    current = measurement(ev)
+    measured = {**memory.measured, str(bounds.current): asdict(current)}
+    so_far = {**earlier, bounds.current: current}
+    split = split_of(list(so_far.values()))
     memory = replace(memory, measured=measured,
                      cost_split=[round(x, 6) for x in split] if split else memory.cost_split)
     data = {"old_length": bounds.current, "new_length": choice.length,
@@ -165,7 +167,7 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
                 "earlier fit" if memory.cost_split else None),
             "baseline_tps": _r(memory.baseline_tps), "drift": drift,
             "measured": {str(k): _r(v.speedup) for k, v in
-                         sorted({**earlier, bounds.current: measurement(ev)}.items())},
+                         sorted(so_far.items())},
             "evidence": stats.to_dict()}
     if mix is not None:
         data["by_load"] = mix.to_dict()

@@ -126,8 +126,7 @@ def _usable(points: list[Measurement]) -> list[tuple[float, float]]:
 def split_of(points: list[Measurement]) -> tuple[float, float] | None:
     """(a, b) when the points fit both a fixed and a per-token cost (two draft sizes or
     more, both parts positive); None when they cannot tell them apart."""
-    usable = _usable(points)
-    if len({round(d, 3) for d, _ in usable}) < 2:
+    if len({round(d, 3) for d, _ in _usable(points)}) < 2:
         return None
     a, b = fit_cost(points)
     return (a, b) if a > 0 and b > 0 else None
