@@ -8,15 +8,17 @@ from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import MetricsSample, RuntimeInfo
 from supervisor.tuning.autotuner import AutoTuner
-from supervisor.tuning.store import TunerMemory, TuningStore
+from supervisor.tuning.store import BASELINE, TunerMemory, TuningStore
 
 
-def make(tmp_path, **tuning) -> tuple[AutoTuner, list[tuple[str, str, dict]]]:
+def make(tmp_path, variant: str | None = None,
+         **tuning) -> tuple[AutoTuner, list[tuple[str, str, dict]]]:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     target = Target(name="t", model=str(model), port=1, tuning={"min_steps": 20, "min_tokens": 100,
                                                                   "cooldown": 0, **tuning},
-                    speculation={"method": "ngram", "length": {"start": 8, "max": 16}})
+                    speculation={"method": "ngram", "variant": variant,
+                                 "length": {"start": 8, "max": 16}})
     events: list[tuple[str, str, dict]] = []
     tuner = AutoTuner(target, LlamaCppBackend(target), TuningStore(tmp_path / "tuning.json"),
                       lambda kind, reason, **data: events.append((kind, reason, data)))
@@ -46,8 +48,9 @@ def test_a_changed_model_or_runtime_invalidates_the_baseline(tmp_path):
 def test_a_decision_waits_for_an_idle_server_then_is_applied_and_persisted(tmp_path):
     tuner, events = make(tmp_path, max_wait=3600)
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
-    assert tuner.observe(sample(40, 7.0, 400, 4.0, busy=1)) is None  # baseline due, server busy
-    reason = tuner.observe(sample(41, 7.0, 410, 4.1, busy=0))
+    assert tuner.observe(sample(10, 7.0, 100, 1.0, busy=1)) is None  # ngram-mod warming up
+    assert tuner.observe(sample(50, 7.0, 500, 5.0, busy=1)) is None  # baseline due, server busy
+    reason = tuner.observe(sample(51, 7.0, 510, 5.1, busy=0))
     assert reason is not None and "measuring throughput without speculation" in reason
     tuner.apply_pending()
     assert not tuner.speculation_on and events[-1][2]["action"] == "baseline"
@@ -80,3 +83,33 @@ def test_a_server_restart_does_not_look_like_negative_acceptance(tmp_path):
     tuner.observe(sample(10, 7.0, 80, 1.0, start=2.0, busy=1))  # counters restarted
     stats = tuner.window.stats()
     assert stats.drafts == 110 and stats.tokens == 880
+
+
+def test_a_started_ngram_mod_is_judged_only_once_it_has_served_min_tokens(tmp_path):
+    # Its hash pool starts empty at each start (tests/test_drafter_memory.py measures it).
+    tuner, _ = make(tmp_path)  # ngram, llama.cpp's default variant: mod
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    assert tuner.view()["warming_tokens_left"] == 100
+    tuner.observe(sample(5, 7.0, 60, 1.0, busy=1))
+    assert tuner.window.stats().tokens == 0 and tuner.view()["warming_tokens_left"] == 40
+    tuner.observe(sample(10, 7.0, 120, 2.0, busy=1))
+    assert tuner.window.stats().tokens == 0 and tuner.view()["warming_tokens_left"] == 0
+    tuner.observe(sample(15, 7.0, 180, 3.0, busy=1))
+    assert tuner.window.stats().tokens == 60 and tuner.by_load.stats()
+    # A crash restart starts it cold again.
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.observe(sample(5, 7.0, 60, 1.0, start=2.0, busy=1))
+    assert tuner.window.stats().tokens == 0
+
+
+def test_a_drafter_that_does_not_learn_or_no_drafter_is_judged_from_the_start(tmp_path):
+    tuner, _ = make(tmp_path, variant="simple")
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.observe(sample(5, 7.0, 60, 1.0, busy=1))
+    assert tuner.view()["warming_tokens_left"] == 0 and tuner.window.stats().tokens == 60
+    (tmp_path / "off").mkdir()
+    tuner, _ = make(tmp_path / "off")  # mod, but the baseline runs without speculation
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner._remember(replace(tuner.memory, phase=BASELINE))
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    assert not tuner.speculation_on and tuner.view()["warming_tokens_left"] == 0

@@ -245,6 +245,13 @@ class LlamaCppBackend(Backend):
     def ngram_variants(self) -> tuple[str, ...]:
         return tuple(v for v, flag in NGRAM_LENGTH_FLAG.items() if flag)  # not cache: fixed 8
 
+    def drafter_learns(self) -> bool:
+        # ngram-mod keeps one hash pool of n-grams for all slots and requests, emptied only
+        # when the server starts (llama.cpp PR 19164); simple and map-k search the request's
+        # own context. Measured: tests/test_drafter_memory.py.
+        spec = self.target.speculation
+        return spec.method == "ngram" and (spec.variant or DEFAULT_NGRAM_VARIANT) == "mod"
+
     def resolve_binary(self) -> str:
         if self.in_image():
             return super().resolve_binary()  # a command inside the image

@@ -189,6 +189,12 @@ class Backend:
         `speculation.variants: auto` means for it); none: the runtime has no variants."""
         return ()
 
+    def drafter_learns(self) -> bool:
+        """Whether the drafter keeps what it learned from earlier requests for as long as
+        the server runs (a restart empties it): a server just started drafts worse than
+        the same setting will once warm, so the tuner does not judge it at first."""
+        return False
+
     def with_variant(self, variant: str | None) -> Backend:
         """This backend for the same target with another n-gram variant (the tuner's)."""
         if variant == self.target.speculation.variant:

@@ -58,6 +58,7 @@ class AutoTuner:
         self._pending: Decision | None = None
         self._pending_since = 0.0
         self._pending_sent = False
+        self._cold_tokens = 0  # tokens a learning drafter still serves unjudged
 
     @property
     def active(self) -> bool:
@@ -115,11 +116,21 @@ class AutoTuner:
             self.store.save(self.target.name, memory)
 
     def runtime_started(self, info: RuntimeInfo) -> None:
-        """A baseline belongs to one model file and one runtime build: check which this is."""
+        """A server (re)started: check which model file and runtime build the baseline
+        belongs to, and whether its drafter starts cold."""
         self._last_scrape = None  # the time it was down is no load
         self.features = info.features
-        if not self.active:
-            return
+        if self.active:
+            self._check_runtime(info)
+        # A drafter that learns across requests starts empty: until it has served
+        # min_tokens, its numbers describe a cold server, not the setting (tuner_phases
+        # run 10: ngram-mod at n-max 25 measured 2.39x just restarted, where n-max 16
+        # ran 2.64x on a server up for minutes; so the variant search chose simple).
+        self._cold_tokens = (self.target.tuning.min_tokens if self.active
+                             and self.speculation_on and self.launch_backend().drafter_learns()
+                             else 0)
+
+    def _check_runtime(self, info: RuntimeInfo) -> None:
         key = _runtime_key(self.target, info)
         if self.memory.baseline_key == key:
             return
@@ -142,7 +153,9 @@ class AutoTuner:
         self._file_by_load(sample, delta, proxy_peak, proxy_busy or {}, now)
         if not self.active:
             return None
-        if (delta is not None and delta.acceptance_rate is not None and self.speculation_on
+        if self._cold_tokens > 0:
+            self._warm_up(delta)
+        elif (delta is not None and delta.acceptance_rate is not None and self.speculation_on
                 and (direction := self.drift.update(delta.acceptance_rate))):
             self._drifted = True
             self.emit("tuning", f"acceptance drifted {direction} (Page-Hinkley): "
@@ -153,7 +166,7 @@ class AutoTuner:
             self.by_load.clear()
             self.drift.reset()
             self._leave_regime(now)
-        if self._pending is None:
+        if self._pending is None and self._cold_tokens <= 0:
             decision = self._decide(now)
             if decision is not None and decision.action == "keep":
                 self._remember(decision.memory)  # a measurement, no restart
@@ -165,6 +178,14 @@ class AutoTuner:
                 self._pending_sent = True
                 return self._pending.reason
         return None
+
+    def _warm_up(self, delta: Delta | None) -> None:
+        """A learning drafter's first tokens after a start are dropped, and not watched for
+        drift (its acceptance rises as it learns)."""
+        if delta is not None:
+            self._cold_tokens -= delta.tokens
+        self.window.clear()
+        self.by_load.clear()
 
     def _decide(self, now: float) -> Decision | None:
         settings, stats = self.target.tuning, self.window.stats()
@@ -268,6 +289,7 @@ class AutoTuner:
                 "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
                 "baseline_by_load": {b: round(t, 2) for b, t in m.baseline_by_load.items()},
                 "window": (stats or self.window.stats()).to_dict(),
+                "warming_tokens_left": max(0, self._cold_tokens),
                 "pending": self._pending.reason if self._pending else None,
                 "last_decision": m.last_decision}
 
