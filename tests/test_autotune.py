@@ -113,3 +113,18 @@ def test_a_drafter_that_does_not_learn_or_no_drafter_is_judged_from_the_start(tm
     tuner._remember(replace(tuner.memory, phase=BASELINE))
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
     assert not tuner.speculation_on and tuner.view()["warming_tokens_left"] == 0
+
+
+def test_a_workload_that_stops_drafting_is_a_drift_though_its_acceptance_never_moves(tmp_path):
+    # Code, then prose where n-gram finds no match: no draft, so no acceptance to watch,
+    # and a window mixing both would judge the setting by the prose's "off" speed.
+    tuner, events = make(tmp_path, min_steps=10_000)
+    drafts = tokens = 0
+    for i in range(20):
+        drafts += 10 if i < 10 else 0
+        tokens += 80
+        tuner.observe(sample(drafts, 7.0, tokens, tokens / 60, busy=1))
+    drift = [e for e in events if "drifted" in e[1]]
+    assert len(drift) == 1, drift
+    assert drift[0][1].startswith("the share of steps with a draft drifted down")
+    assert drift[0][2]["acceptance_rate"] is None and drift[0][2]["draft_fraction"] == 0.0

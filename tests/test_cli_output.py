@@ -252,6 +252,14 @@ def test_status_shows_the_lengths_by_load_a_vllm_target_runs():
     assert "speculation  ngram-mod n by load 1:8 2-3:4 8+:off" in detail
 
 
+def test_status_says_when_the_tuner_waits_for_a_drafter_to_warm_up():
+    t = target("m", "ready", 41, tuning={"phase": "speculating", "warming_tokens_left": 340})
+    assert ("tuning       the drafter is warming up after its start: judged after 340 more "
+            "tokens") in statusview.render_target(t, None, now=NOW)
+    t["tuning"]["warming_tokens_left"] = 0
+    assert "warming" not in statusview.render_target(t, None, now=NOW)
+
+
 def test_status_shows_loading_on_demand_for_targets_that_use_it():
     view = {"start": "on_demand", "idle_unload": 600.0, "evictable": False, "group": None,
             "loads": 3, "unloads": {"idle": 2, "evicted": 1}, "cold_start_s": 1.84,

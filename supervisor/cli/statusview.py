@@ -261,6 +261,9 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
         lines.append(f"  warning      {warning}")
     lines += _on_demand(target.get("on_demand") or {})
     lines += _by_load(target.get("by_load") or {})
+    if warming := (target.get("tuning") or {}).get("warming_tokens_left"):
+        lines.append(f"  tuning       the drafter is warming up after its start: judged after "
+                     f"{warming} more tokens")
     if record is None:
         lines.append("  (no run record: the target has not been launched)")
     else:

@@ -45,6 +45,9 @@ class AutoTuner:
         self.by_load = LoadWindows(max_steps=target.tuning.window_steps)
         self._last_scrape: tuple[float, int] | None = None  # (time, requests running)
         self.drift = PageHinkley(threshold=target.tuning.drift_threshold)
+        # A workload where n-gram methods find no match drafts on few steps: its acceptance
+        # may hardly move (few drafts, judged as before), its throughput falls to "off".
+        self.drafting_drift = PageHinkley(threshold=target.tuning.drift_threshold)
         self.variants_allowed = allowed_variants(
             target.speculation.variants, target.speculation.variant, backend.ngram_variants())
         fingerprint = _fingerprint(target)
@@ -155,16 +158,17 @@ class AutoTuner:
             return None
         if self._cold_tokens > 0:
             self._warm_up(delta)
-        elif (delta is not None and delta.acceptance_rate is not None and self.speculation_on
-                and (direction := self.drift.update(delta.acceptance_rate))):
+        elif delta is not None and self.speculation_on and (drifted := self._drift(delta)):
             self._drifted = True
-            self.emit("tuning", f"acceptance drifted {direction} (Page-Hinkley): "
-                      "re-evaluating on new evidence", direction=direction,
-                      acceptance_rate=round(delta.acceptance_rate, 4),
+            what, direction = drifted
+            self.emit("tuning", f"{what} drifted {direction} (Page-Hinkley): "
+                      "re-evaluating on new evidence", direction=direction, drifted=what,
+                      acceptance_rate=_round(delta.acceptance_rate),
+                      draft_fraction=_round(delta.draft_fraction),
                       window=self.window.stats().to_dict())
             self.window.clear()
             self.by_load.clear()
-            self.drift.reset()
+            self._reset_drift()
             self._leave_regime(now)
         if self._pending is None and self._cold_tokens <= 0:
             decision = self._decide(now)
@@ -178,6 +182,21 @@ class AutoTuner:
                 self._pending_sent = True
                 return self._pending.reason
         return None
+
+    def _drift(self, delta: Delta) -> tuple[str, str] | None:
+        """(what drifted, "up" or "down") when the acceptance or the share of steps that
+        carry a draft changed for good; both detectors see every delta."""
+        found = []
+        if delta.acceptance_rate is not None and (d := self.drift.update(delta.acceptance_rate)):
+            found.append(("acceptance", d))
+        if delta.draft_fraction is not None and (
+                d := self.drafting_drift.update(delta.draft_fraction)):
+            found.append(("the share of steps with a draft", d))
+        return found[0] if found else None
+
+    def _reset_drift(self) -> None:
+        self.drift.reset()
+        self.drafting_drift.reset()
 
     def _warm_up(self, delta: Delta | None) -> None:
         """A learning drafter's first tokens after a start are dropped, and not watched for
@@ -198,7 +217,7 @@ class AutoTuner:
         decision = plan(self.memory, stats, settings, bounds, now, self._drifted, load)
         decision = search(decision, self.variant or "", self.variants_allowed, settings, now)
         if (decision is not None and decision.action in EVALUATIONS and stats.acceptance_rate
-                and not self.drift.building()):
+                and not (self.drift.building() or self.drafting_drift.building())):
             self._seen[setting_key(self.variant, bounds.current)] = stats.acceptance_rate
         return tabulate(decision, LENGTHS_BY_LOAD in self.features, settings, now)
 
@@ -273,7 +292,7 @@ class AutoTuner:
             "waited_s": round(self.clock() - self._pending_since, 1)})
         self.window.clear()
         self.by_load.clear()
-        self.drift.reset()
+        self._reset_drift()
         self._drifted, self._pending, self._pending_sent = False, None, False
 
     def view(self, stats: WindowStats | None = None) -> dict[str, Any]:
@@ -292,6 +311,10 @@ class AutoTuner:
                 "warming_tokens_left": max(0, self._cold_tokens),
                 "pending": self._pending.reason if self._pending else None,
                 "last_decision": m.last_decision}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def _fingerprint(target: Target) -> str:

@@ -32,6 +32,12 @@ class Delta:
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.draft_tokens if self.draft_tokens else None
 
+    @property
+    def draft_fraction(self) -> float | None:
+        """Share of target steps that carried a draft (None: no step)."""
+        steps = self.tokens - self.accepted
+        return min(1.0, self.drafts / steps) if steps > 0 else None
+
 
 @dataclass(frozen=True)
 class WindowStats:
