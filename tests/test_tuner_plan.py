@@ -159,3 +159,17 @@ def test_the_cost_split_fitted_on_two_lengths_is_kept_for_the_next_single_measur
                      False)
     assert third.data["cost_split_from"] == "earlier fit"
     assert third.data["step_overhead"] == pytest.approx(0.5, abs=0.02)
+
+
+def test_with_a_cost_split_fitted_earlier_a_small_predicted_gain_is_not_explored():
+    # The same single measurement with and without a split fitted on two lengths earlier
+    # (another regime or variant): without, a predicted gain under min_gain is worth one
+    # restart to fit the model; with, the model is as good as a second point would make it.
+    memory = TunerMemory("x", baseline_tps=80.0)
+    evidence = stats(rates=(0.9, 0.7, 0.5, 0.3))
+    fresh = plan(memory, evidence, SETTINGS, BOUNDS, 1000.0, False)
+    known = plan(replace(memory, cost_split=[0.05, 0.02]), evidence, SETTINGS, BOUNDS,
+                 1000.0, False)
+    assert fresh.action == "explore", fresh.reason
+    assert known.action == "keep", known.reason
+    assert known.data["predicted_gain"] < SETTINGS.min_gain
