@@ -205,9 +205,9 @@ def _explore(choice: Choice, n_measured: int, current: int, settings: Tuning,
              split_known: bool) -> tuple[int | None, float, str | None]:
     """The length worth one restart to measure, its predicted gain and why; (None, 0, None)
     when none is. Only while a single length has been measured in this regime, and no cost
-    split was fitted earlier: with one, the second point would not change the model, and a
-    predicted gain under `min_gain` does not pay for the restart (run 12 of tuner_phases
-    restarted a warm ngram-mod for a predicted +3 %)."""
+    split was fitted earlier: with one, the model already tells a drafted step's fixed cost
+    from its per-token cost, and a predicted gain under `min_gain` does not pay for the
+    restart (run 12 of tuner_phases restarted a warm ngram-mod for a predicted +3 %)."""
     if n_measured >= 2 or split_known:
         return None, 0.0, None
     target = choice.model_best
