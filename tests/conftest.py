@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,14 @@ def runtime_pids(marker: str) -> list[int]:
         if marker in cmd and "llama-server" in cmd and proc.info["pid"] != os.getpid():
             out.append(proc.info["pid"])
     return out
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 120) -> Any:
+    """POST `body` as JSON; the JSON answer."""
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

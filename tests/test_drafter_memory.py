@@ -6,9 +6,7 @@ draft alike. The tuner relies on it: a restarted ngram-mod is not judged until w
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -17,32 +15,20 @@ import pytest
 
 from plugins.llamacpp.backend import LlamaCppBackend, method_args
 from supervisor.config.schema import Target
-from tests.conftest import free_port
+from tests.conftest import free_port, post_json, wait_for
 
 # Output that is not in the prompt: the first copy has little to draft from.
 PROMPT = ("Write the numbers from one to forty in English words, separated by commas, "
           "then the names of the planets of the solar system:\n")
 
 
-def post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        return json.loads(resp.read())
-
-
-def wait_healthy(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "llama-server exited"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError("llama-server not healthy in 120 s")
+def healthy(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    assert proc.poll() is None, "llama-server exited"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def twice(binary: str, model: str, target: Target) -> list[dict[str, Any]]:
@@ -52,9 +38,10 @@ def twice(binary: str, model: str, target: Target) -> list[dict[str, Any]]:
            "--threads", "2", *method_args(target, 16)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_healthy(port, proc)
-        return [post(port, "/completion", {"prompt": PROMPT, "n_predict": 96,
-                                           "temperature": 0, "cache_prompt": False})["timings"]
+        wait_for(lambda: healthy(port, proc), 120, "llama-server's /health")
+        return [post_json(f"http://127.0.0.1:{port}/completion",
+                          {"prompt": PROMPT, "n_predict": 96, "temperature": 0,
+                           "cache_prompt": False}, timeout=300)["timings"]
                 for _ in range(2)]
     finally:
         proc.terminate()

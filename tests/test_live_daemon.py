@@ -18,6 +18,7 @@ import yaml
 from tests.conftest import (
     REPO,
     llama_target,
+    post_json,
     quickstart_fleet,
     runtime_pids,
     wait_for,
@@ -35,13 +36,6 @@ CODE_PROMPT = (
 NORMAL_START = [("stopped", "starting"), ("starting", "loading"), ("loading", "ready")]
 CRASH_AND_RESTART = [("ready", "backoff"), ("backoff", "starting"), ("starting", "loading"),
                      ("loading", "ready")]
-
-
-def post_json(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
 
 
 def test_quickstart_fleet_reaches_ready_and_the_ngram_target_counts_drafts(

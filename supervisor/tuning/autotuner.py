@@ -23,6 +23,7 @@ from supervisor.tuning.decisions import Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
+from supervisor.tuning.quantities import rounded
 from supervisor.tuning.regimes import recall, remember, setting_key
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
 from supervisor.tuning.variants import allowed_variants, search
@@ -163,8 +164,8 @@ class AutoTuner:
             what, direction = drifted
             self.emit("tuning", f"{what} drifted {direction} (Page-Hinkley): "
                       "re-evaluating on new evidence", direction=direction, drifted=what,
-                      acceptance_rate=_round(delta.acceptance_rate),
-                      draft_fraction=_round(delta.draft_fraction),
+                      acceptance_rate=rounded(delta.acceptance_rate),
+                      draft_fraction=rounded(delta.draft_fraction),
                       window=self.window.stats().to_dict())
             self.window.clear()
             self.by_load.clear()
@@ -311,10 +312,6 @@ class AutoTuner:
                 "warming_tokens_left": max(0, self._cold_tokens),
                 "pending": self._pending.reason if self._pending else None,
                 "last_decision": m.last_decision}
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
 
 
 def _fingerprint(target: Target) -> str:

@@ -17,7 +17,8 @@ from supervisor.plugin.backend import MetricsSample
 from supervisor.tuning.window import WindowStats
 
 
-def _round(x: float | None, digits: int = 4) -> float | None:
+def rounded(x: float | None, digits: int = 4) -> float | None:
+    """x to `digits` places, None kept (for the numbers specfleet shows)."""
     return None if x is None else round(x, digits)
 
 
@@ -39,7 +40,7 @@ def shown(window: WindowStats | None, counters: MetricsSample | None, *, method:
         source, drafts, accepted, rate, tps = "none", 0, 0, None, None
     length = None if method == "none" else (draft_length if speculating else 0)
     return {"source": source, "drafts": drafts,
-            "acceptance_rate": _round(rate) if drafts else None,
-            "mean_accepted_length": _round(1 + accepted / drafts) if drafts else None,
-            "tokens_per_second": _round(tps, 2) if tps else None,
+            "acceptance_rate": rounded(rate) if drafts else None,
+            "mean_accepted_length": rounded(1 + accepted / drafts) if drafts else None,
+            "tokens_per_second": rounded(tps, 2) if tps else None,
             "draft_length": length}
