@@ -3,6 +3,8 @@ unit: pure, every flag checked."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from supervisor.launcher.container import command as c
@@ -127,9 +129,10 @@ def test_a_quadlet_unit_runs_the_same_container_and_old_podman_is_told_why_not()
     assert "s3cret" not in unit and "TimeoutStopSec=15s" in unit
 
 
-def test_check_prints_the_engines_command_line_without_the_secrets(tmp_path):
+def check_container_fleet(tmp_path: Path, path_env: str) -> tuple[str, str]:
+    """`specfleet check` of a one-target container fleet with PATH as given: the target's
+    "run as:" line and the whole output."""
     import os
-    import shutil
     import subprocess
     import sys
 
@@ -151,17 +154,35 @@ targets:
 """)
     proc = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)], cwd=REPO,
                           capture_output=True, text=True, check=False,
-                          env={**os.environ, "SPECFLEET_TEST_KEY": "s3cret"})
+                          env={**os.environ, "SPECFLEET_TEST_KEY": "s3cret", "PATH": path_env})
     assert proc.returncode == 0, proc.stderr
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  run as: "))
+    return next(ln for ln in proc.stdout.splitlines() if ln.startswith("  run as: ")), proc.stdout
+
+
+def test_check_prints_the_engines_command_line_without_the_secrets(tmp_path):
+    import os
+    import shutil
+
     if shutil.which("podman") is None:
-        assert "podman or docker" not in line and "podman was not found" in line, line
-        return
+        pytest.skip("podman not installed (scripts/setup.sh installs it: apt-get install podman)")
+    line, output = check_container_fleet(tmp_path, os.environ["PATH"])
+    model = tmp_path / "m.gguf"
     assert line.startswith("  run as: podman run -d --name specfleet-coder "), line
     assert f"-v {model}:{model}:ro" in line and "--device nvidia.com/gpu=1" in line
     assert f"--env-file {tmp_path / 'state'}/containers-env/coder.env" in line
     assert "--entrypoint llama-server localhost/llama:1 --model" in line
-    assert "s3cret" not in proc.stdout
+    assert "s3cret" not in output
+
+
+def test_check_says_the_asked_engine_is_missing_and_looks_for_no_other(tmp_path):
+    # PATH is an empty directory: no podman, and no docker to fall back on either.
+    line, output = check_container_fleet(tmp_path, str(tmp_path))
+    assert line.startswith("  run as: (no container command: "), line
+    # engine: podman was asked for by name, so only podman is looked for and named missing
+    # (engine: auto would look for "podman or docker").
+    assert "container engine podman was not found on PATH" in line, line
+    assert "podman or docker was not found" not in line, line
+    assert "s3cret" not in output
 
 
 def test_the_run_record_names_the_image_by_reference_id_and_digest():

@@ -5,11 +5,14 @@ a logged setup step whose failure shows the end of its log."""
 from __future__ import annotations
 
 import os
+import selectors
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from supervisor.errors import SpecfleetError
+from supervisor.plugin.stepprogress import StepReporter
 
 EXAMPLE_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 
@@ -47,12 +50,47 @@ def log_tail(log: Path, lines: int = 25) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def run_logged(cmd: list[str], log: Path, progress: Progress, what: str) -> None:
-    """Run one setup step with its output appended to `log`; a failure raises a
-    SpecfleetError that names the step and shows the end of the log."""
+def run_logged(cmd: list[str], log: Path, progress: Progress, what: str, *,
+               every: float = 30.0) -> None:
+    """Run one setup step with its output appended to `log`, saying how far it is while it
+    runs (stepprogress); a failure raises a SpecfleetError that names the step and shows the
+    end of the log."""
     progress(f"{what} (log: {log})")
+    reporter = StepReporter(what.split(" (", 1)[0], progress, every=every)
     with log.open("ab") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        try:
+            _relay(proc, out, reporter)
+        except BaseException:  # Ctrl-C included: the step does not go on without us
+            proc.kill()
+            raise
+        finally:
+            proc.wait()
     if proc.returncode != 0:
         raise SpecfleetError(
             f"{what} failed (exit {proc.returncode}); last lines of {log}:\n{log_tail(log)}")
+    reporter.done()
+
+
+def _relay(proc: subprocess.Popen[bytes], out: BinaryIO, reporter: StepReporter) -> None:
+    """Copy the step's output to its log as it comes, line by line to the reporter; wake
+    once a second while it is silent so the reporter can say it is still going."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    pending = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            if not selector.select(timeout=1.0):
+                reporter.tick()
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            out.write(chunk)
+            # pip redraws its bars with carriage returns: each redraw is a line here.
+            *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
+            for line in lines:
+                reporter.line(line.decode(errors="replace"))
+    proc.stdout.close()
