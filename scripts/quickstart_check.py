@@ -1,5 +1,5 @@
 """The quick start without a terminal (CI, a pipe, nohup): run the fleet until every
-target has answered a chat through the proxy, show `specfleet status`, then stop it.
+target has answered a completion through the proxy, show `specfleet status`, then stop it.
 
 On a terminal, scripts/quickstart.sh runs the fleet in the foreground instead, until
 Ctrl-C. Without one, nobody would ever press Ctrl-C, so this proves the same set-up and
@@ -65,7 +65,7 @@ def main(fleet_file: str) -> int:
         daemon = subprocess.Popen([str(SPECFLEET), "run", fleet_file], stdout=out,
                                   stderr=subprocess.STDOUT)
         try:
-            answered = wait_ready(daemon, api, names) and all(chat(proxy, n) for n in names)
+            answered = wait_ready(daemon, api, names) and all(complete(proxy, n) for n in names)
             subprocess.run([str(SPECFLEET), "status", fleet_file], check=False)
         finally:
             daemon.terminate()
@@ -79,12 +79,12 @@ def main(fleet_file: str) -> int:
     return 0
 
 
-def chat(proxy: str, name: str) -> bool:
-    reply = get_json(f"http://{proxy}/v1/chat/completions", {
-        "model": name, "max_tokens": 24,
-        "messages": [{"role": "user", "content": "Say hello in five words."}]})
-    text = reply["choices"][0]["message"]["content"]
-    print(f"  {name} answered: {text.strip()!r}", flush=True)
+def complete(proxy: str, name: str) -> bool:
+    """One completion through the proxy, as a router would send it; its text shown."""
+    reply = get_json(f"http://{proxy}/v1/completions", {
+        "model": name, "max_tokens": 24, "temperature": 0,
+        "prompt": "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n"})
+    print(f"  {name} answered: {reply['choices'][0]['text']!r}", flush=True)
     return bool(reply["usage"]["completion_tokens"])
 
 

