@@ -38,7 +38,7 @@ class RayPlacement(Strict):
         "address, node id (or its first 8+ characters), a value of one of its labels, or a "
         "custom resource it declares (`ray start --resources '{\"box-a\": 1}'`); the first "
         "that is alive and fits is used, the next ones when it dies. Empty: any node that fits."))
-    resources: dict[Annotated[str, Field(pattern=_NAME)], Annotated[float, Field(gt=0)]] = Field(
+    resources: dict[Annotated[str, Field(pattern=_NAME)], Annotated[float, Field(gt=0, le=1e9)]] = Field(
         default_factory=dict, description=(
             "Custom Ray resources the target's actor claims on its node (such as `{vram_gib: 20}`)."))
     num_cpus: Annotated[float, Field(ge=0, le=1024)] = Field(default=0.0, description=(

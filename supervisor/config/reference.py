@@ -92,10 +92,12 @@ targets:
   `defaults.restart.window` and a target's own `restart.max_crashes` both apply), any other
   value the target sets replaces the default.
 - **Durations**: a number with a unit, `500ms`, `30s`, `5m`, `2h`, `1d`, or several in a row
-  such as `1h30m` (units in lower case), or a plain number of seconds (`90`, `1.5`).
+  such as `1h30m` (units in lower case), or a plain number of seconds (`90`, `1.5`); at
+  most `365d` (a year), never `inf`.
 - **Sizes**: `512MiB`, `1GiB` (`KiB`, `MiB`, `GiB`, `TiB`: powers of 1024, `B` optional),
   `512MB`, `2G` (`K`, `M`, `G`, `T`: powers of 1000), in any case, or a plain number of
-  bytes. `512M` is 512,000,000 bytes, not 512MiB.
+  bytes. `512M` is 512,000,000 bytes, not 512MiB. At most `1024TiB`.
+- Every number has a finite range, given with its key below where it has one of its own.
 - **Fractions**: a percentage such as `5%`, or a number from 0 to 1 such as `0.05`.
 - `${{VAR}}` and `${{VAR:-default}}` are expanded in every string (the default also replaces an
   empty variable); `$$` is a literal `$`; an unset variable without a default is an error.
@@ -177,19 +179,27 @@ def _constraints(metadata: list[Any]) -> tuple[str | None, list[Any]]:
     return unit, bounds
 
 
+def _number(value: float) -> str:
+    """A bound as a reader writes it: 10,000,000 rather than 1e+07, 65535 as it is."""
+    if float(value).is_integer() and value >= 1_000_000:
+        return f"{value:,.0f}"
+    return f"{value:g}"
+
+
 def _bounds_text(bounds: list[Any], unit: str | None) -> str:
     low = next((b for b in bounds if isinstance(b, annotated_types.Ge | annotated_types.Gt)), None)
     high = next((b for b in bounds if isinstance(b, annotated_types.Le)), None)
     lo = None if low is None else getattr(low, "ge", None)
     if unit and lo == 0 and (high is None or high.le == 1):
         return ""  # what the unit allows anyway
+    top = "" if high is None else f" and ≤ {_number(high.le)}"
     if isinstance(low, annotated_types.Gt):
-        return f" > {low.gt:g}"
+        return f" > {_number(low.gt)}{top}"
     if lo is not None and high is not None:
-        return f" {lo:g}–{high.le:g}"
+        return f" {_number(lo)}–{_number(high.le)}"
     if lo is not None:
-        return f" ≥ {lo:g}"
-    return f" ≤ {high.le:g}" if high is not None else ""
+        return f" ≥ {_number(lo)}"
+    return f" ≤ {_number(high.le)}" if high is not None else ""
 
 
 def describe_type(annotation: Any, metadata: list[Any]) -> str:

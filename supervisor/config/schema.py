@@ -25,6 +25,8 @@ from supervisor.errors import SpecfleetError
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0, le=1)]
 Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+# NVML numbers a host's GPUs from 0; no host has a thousand.
+MAX_GPU_INDEX = 1023
 
 # eagle (EAGLE-1/2) and suffix (suffix decoding) exist in vLLM only; backends refuse what
 # their runtime lacks, in `specfleet check`.
@@ -60,11 +62,12 @@ def _gpus(value: Any) -> Any:
     if value is None or value in ("all", "none"):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    if isinstance(value, list) and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                       and 0 <= v <= MAX_GPU_INDEX for v in value):
         return tuple(value)
-    raise ValueError("expected a GPU index, a list of indices such as [0, 1], 'all' or 'none'")
+    raise ValueError(f"expected a GPU index from 0 to {MAX_GPU_INDEX}, a list of indices such as "
+                     "[0, 1], 'all' or 'none'")
 
 
 class Length(_Strict):
@@ -173,14 +176,14 @@ class Tuning(_Strict):
         "After speculation was turned off, try it again after this long."))
     max_wait: Seconds = Field(default=600.0, description=(
         "How long a retune waits for an idle server before it is applied anyway."))
-    min_steps: int = Field(default=200, ge=1, description=(
+    min_steps: int = Field(default=200, ge=1, le=10_000_000, description=(
         "Verification steps of evidence needed for each decision."))
-    min_tokens: int = Field(default=1000, ge=1, description=(
+    min_tokens: int = Field(default=1000, ge=1, le=1_000_000_000, description=(
         "Tokens served before the baseline without speculation is measured, and the length of "
         "that measurement."))
-    window_steps: int = Field(default=4000, ge=10, description=(
+    window_steps: int = Field(default=4000, ge=10, le=10_000_000, description=(
         "Size of the acceptance window, in verification steps."))
-    drift_threshold: float = Field(default=1.5, gt=0, description=(
+    drift_threshold: float = Field(default=1.5, gt=0, le=1000, description=(
         "Threshold of the Page-Hinkley drift test on the acceptance rate; lower reacts sooner."))
 
 
