@@ -81,11 +81,16 @@ def main(fleet_file: str) -> int:
 
 def complete(proxy: str, name: str) -> bool:
     """One completion through the proxy, as a router would send it; its text shown."""
-    reply = get_json(f"http://{proxy}/v1/completions", {
-        "model": name, "max_tokens": 24, "temperature": 0,
-        "prompt": "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n"})
-    print(f"  {name} answered: {reply['choices'][0]['text']!r}", flush=True)
-    return bool(reply["usage"]["completion_tokens"])
+    try:
+        reply = get_json(f"http://{proxy}/v1/completions", {
+            "model": name, "max_tokens": 24, "temperature": 0,
+            "prompt": "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n"})
+        text, tokens = reply["choices"][0]["text"], reply["usage"]["completion_tokens"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
+        print(f"  {name} did not answer through the proxy: {exc}", flush=True)
+        return False
+    print(f"  {name} answered: {text!r}", flush=True)
+    return bool(tokens)
 
 
 if __name__ == "__main__":
