@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from supervisor.api.throttle import FREE
 from tests.conftest import llama_target, wait_for, write_fleet
 
 pytestmark = pytest.mark.live
@@ -152,6 +153,17 @@ def test_login_cookie_csrf_and_what_the_pages_read(tmp_path, model, llama_server
     status, headers, _ = web.call("POST", "/ui/logout")
     assert status == 303 and headers["location"] == "/ui/login"
     assert web.call("GET", "/ui/session")[0] == 401  # the session is gone
+
+    # Guessing is slowed down: the first wrong tokens in a row are answered at once, then
+    # the next try is refused for a while (seconds: long past these few requests), the
+    # right token too (docs/ui.md).
+    for _ in range(FREE):
+        assert web.call("POST", "/ui/login", b"token=guess", form)[0] == 401
+    for token in ("guess", TOKEN):
+        status, headers, body = web.call("POST", "/ui/login",
+                                         urllib.parse.urlencode({"token": token}).encode(), form)
+        assert status == 429 and int(headers["retry-after"]) >= 1, (status, headers)
+        assert b"Too many wrong tokens" in body
 
 
 def test_without_a_token_the_pages_need_no_login_but_cross_site_writes_are_refused(

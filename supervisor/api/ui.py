@@ -5,12 +5,14 @@ pages read that the API did not have: a target's history, its log tail, the requ
 A login sets one cookie, the session (HttpOnly, SameSite=Strict); the page then reads
 its CSRF token from /ui/session and sends it in a header with every state-changing
 request (auth.py checks both). Without a configured token (a loopback-only
-daemon) the pages need no login, as the API needs no token.
+daemon) the pages need no login, as the API needs no token. Wrong tokens at the login are
+slowed down per client address (throttle.py).
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from aiohttp import web
 from supervisor.api.auth import CSRF_HEADER, SESSION_COOKIE, Sessions
 from supervisor.api.common import named_target
 from supervisor.api.fleetview import FleetView
+from supervisor.api.throttle import LoginThrottle
 
 UI_DIR = Path(__file__).parent / "ui"
 LOGIN = "/ui/login"
@@ -28,6 +31,7 @@ class StatusPages:
     def __init__(self, fleet: FleetView, sessions: Sessions) -> None:
         self.fleet = fleet
         self.sessions = sessions
+        self.throttle = LoginThrottle()
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/", self.root)
@@ -56,9 +60,16 @@ class StatusPages:
         expected = self.fleet.api_token()
         if expected is None:
             return _redirect("/ui")
+        client = request.remote or ""
+        if (wait := self.throttle.wait(client, time.monotonic())) > 0:
+            seconds = math.ceil(wait)
+            return _login_html(f"Too many wrong tokens: try again in {seconds} s.", status=429,
+                               headers={"Retry-After": str(seconds)})
         given = str((await request.post()).get("token", ""))
         if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+            self.throttle.failed(client, time.monotonic())
             return _login_html("Wrong token.", status=401)
+        self.throttle.succeeded(client)
         response = _redirect("/ui")
         response.set_cookie(SESSION_COOKIE, self.sessions.create(), httponly=True,
                             samesite="Strict", path="/", max_age=int(self.sessions.ttl))
@@ -111,8 +122,9 @@ def _redirect(location: str) -> web.Response:
     return web.Response(status=303, headers={"Location": location, **_NO_STORE})
 
 
-def _login_html(error: str = "", status: int = 200) -> web.Response:
+def _login_html(error: str = "", status: int = 200,
+                headers: dict[str, str] | None = None) -> web.Response:
     page = (UI_DIR / "login.html").read_text(encoding="utf-8")
     note = f'<p class="error" role="alert">{error}</p>' if error else ""
     return web.Response(text=page.replace("<!--error-->", note), status=status,
-                        content_type="text/html", headers=_NO_STORE)
+                        content_type="text/html", headers={**_NO_STORE, **(headers or {})})
