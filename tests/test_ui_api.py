@@ -89,6 +89,10 @@ def test_login_cookie_csrf_and_what_the_pages_read(tmp_path, model, llama_server
         assert status == 302 and headers["location"] == "/ui/login"
     status, _, body = web.call("GET", "/ui/login")
     assert status == 200 and b'name="token"' in body
+    # The tab's icon, also before the login (it was a 404 once logged in).
+    status, headers, body = web.call("GET", "/favicon.ico")
+    assert status == 200 and headers["content-type"].startswith("image/svg+xml")
+    assert body.startswith(b"<svg") and b'href="/favicon.ico"' in web.call("GET", "/ui/login")[2]
     for p in ("/ui/static/app.js", "/ui/session", "/v1/requests", "/v1/targets/alpha/history",
               "/v1/targets/alpha/logs"):
         assert web.call("GET", p)[0] == 401, p

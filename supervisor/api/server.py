@@ -20,10 +20,10 @@ from supervisor.api.auth import Sessions, auth_middleware
 from supervisor.api.common import errors_as_json, named_target, serve
 from supervisor.api.fleetview import FleetView
 from supervisor.api.promexport import registry_for
-from supervisor.api.ui import LOGIN, StatusPages
+from supervisor.api.ui import FAVICON, LOGIN, StatusPages
 from supervisor.events import Event
 
-OPEN_PATHS = {"/healthz", LOGIN, "/ui/logout"}  # a logout needs no credentials
+OPEN_PATHS = {"/healthz", LOGIN, "/ui/logout", FAVICON}  # a logout needs no credentials
 PAGES = ("/", "/ui")  # sent to the login page, not answered 401
 
 

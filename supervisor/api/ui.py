@@ -25,6 +25,7 @@ from supervisor.api.throttle import LoginThrottle
 
 UI_DIR = Path(__file__).parent / "ui"
 LOGIN = "/ui/login"
+FAVICON = "/favicon.ico"
 
 
 class StatusPages:
@@ -36,6 +37,7 @@ class StatusPages:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/", self.root)
         app.router.add_get("/ui", self.page)
+        app.router.add_get(FAVICON, self.favicon)
         app.router.add_get(LOGIN, self.login_page)
         app.router.add_post(LOGIN, self.login)
         app.router.add_post("/ui/logout", self.logout)
@@ -47,6 +49,11 @@ class StatusPages:
 
     async def root(self, request: web.Request) -> web.Response:
         return _redirect("/ui")
+
+    async def favicon(self, request: web.Request) -> web.FileResponse:
+        """The tab's icon, before and after login (an SVG under the name browsers ask for)."""
+        return web.FileResponse(UI_DIR / "favicon.svg",
+                                headers={"Content-Type": "image/svg+xml"})
 
     async def page(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(UI_DIR / "index.html", headers=_NO_STORE)
