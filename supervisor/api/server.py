@@ -23,7 +23,7 @@ from supervisor.api.promexport import registry_for
 from supervisor.api.ui import FAVICON, LOGIN, StatusPages
 from supervisor.events import Event
 
-OPEN_PATHS = {"/healthz", LOGIN, "/ui/logout", FAVICON}  # a logout needs no credentials
+OPEN_PATHS = {"/healthz", LOGIN, "/ui/logout", FAVICON}  # a logout and the tab icon need none
 PAGES = ("/", "/ui")  # sent to the login page, not answered 401
 
 
