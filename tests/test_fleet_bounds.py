@@ -75,7 +75,7 @@ def numeric_keys(model: type[BaseModel], prefix: tuple[str, ...]) -> list[tuple[
 
 
 KEYS = [(("daemon", *p), k) for p, k in numeric_keys(Daemon, ())] + \
-       [(("targets", "t", *p), k) for p, k in numeric_keys(Target, ()) if p != ("port",)]
+       [(("targets", "t", *p), k) for p, k in numeric_keys(Target, ())]
 
 
 def fleet_with(tmp_path: Path, path: tuple[str, ...], value: Any) -> Path:

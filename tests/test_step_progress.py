@@ -82,8 +82,9 @@ def test_run_logged_keeps_the_whole_output_in_the_log_and_says_the_percentage(tm
     run_logged([sys.executable, "-c", script], log, said.append, "building x (about 1 minute)", every=1.0)
     assert log.read_text().splitlines() == ["[ 10%] Building a.o", "[ 55%] Building b.o", "noise"]
     assert said[0] == f"building x (about 1 minute) (log: {log})"
-    assert said[1].startswith("  building x: 10%, after")
-    assert any(s.startswith("  building x: 10%, after") for s in said[2:-2]), said  # the heartbeat
+    # A slow interpreter start may add a heartbeat before the first line (no percent yet).
+    tenth = [s for s in said if s.startswith("  building x: 10%, after")]
+    assert len(tenth) >= 2, said  # the 10% line, then a heartbeat while the step was silent
     assert said[-2].startswith("  building x: 55%, after")
     assert said[-1].startswith("  building x: done in ")
 

@@ -2,8 +2,8 @@
 
 Users who already have llama-server point `binary:` (or PATH) at it and never need
 this. Everyone else runs `specfleet setup`, which builds only the `llama-server`
-target (5 to 10 minutes on 2 cores: 5m26s on an AMD EPYC in 2026-12, about 9 on
-another) into a cache outside any repository, keyed by
+target (5 to 10 minutes on 2 cores: 4m19s and 5m26s on one AMD EPYC in 2026-12,
+about 9 on another) into a cache outside any repository, keyed by
 llama.cpp version, by machine and by build recipe: GGML_NATIVE tunes the build to the
 CPU it was built on, so a cache copied to another CPU could crash with SIGILL, and a
 build made with an older recipe is not reused.
