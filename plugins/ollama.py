@@ -49,6 +49,7 @@ from supervisor.plugin import (
     hookimpl,
     llamacpp_model,
     read_model_facts,
+    traits_for,
 )
 
 OPTIONS: dict[str, tuple[type, ...]] = {
@@ -83,13 +84,14 @@ class OllamaBackend(Backend):
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
         problems = cls.check_options(target, OPTIONS)
-        if target.launcher == "container":
+        launcher = traits_for(target.launcher)
+        if launcher.in_image:
             # `ollama create` registers the model with the running server from this machine:
             # it would need the image's ollama, and the server's model store, on the host.
-            problems.append(Problem((), "launcher: container does not run Ollama; run the "
-                                    "Ollama image yourself and use launcher: external"))
+            problems.append(Problem((), f"launcher: {target.launcher} does not run Ollama; run "
+                                    "the Ollama image yourself and use launcher: external"))
         if target.host not in LOOPBACK and target.options.get("proxy_guarded") is not True \
-                and target.launcher != "external":
+                and launcher.starts_server:
             problems.append(Problem(("host",), f"Ollama has no authentication: binding it to "
                                     f"{target.host} exposes it to the network. Keep host "
                                     "127.0.0.1, or put an authenticating proxy in front and "
@@ -176,7 +178,7 @@ class OllamaBackend(Backend):
         self._counts = dict.fromkeys(self._counts, 0)
         self._counts["ms"] = 0.0
         files = {str(self.modelfile_path()): self.modelfile(draft_length, speculation)}
-        if t.launcher == "external":
+        if not self.launcher_traits.starts_server:
             # The server is not ours: only the Modelfile is written; `ollama create` and the
             # load go to the server at host:port.
             return LaunchSpec((f"(the Ollama server at {t.base_url})",), {}, files=files)

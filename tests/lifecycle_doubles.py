@@ -19,10 +19,13 @@ from supervisor.plugin import (
     Backend,
     Failure,
     FailureKind,
+    Launcher,
+    LauncherTraits,
     LaunchSpec,
     MetricsSample,
     Probe,
     Readiness,
+    RunningProcess,
     RuntimeInfo,
     hookimpl,
 )
@@ -48,7 +51,7 @@ class World:
     metrics: MetricsSample | None = None  # what read_metrics answers
 
 
-class FakeProcess:
+class FakeProcess(RunningProcess):
     def __init__(self, world: World) -> None:
         self.world = world
         self.pid = next(_pids)
@@ -87,12 +90,12 @@ class FakeProcess:
         return False
 
 
-class FakeLauncher:
+class FakeLauncher(Launcher):
     name = "fake"
 
     def __init__(self, world: World, detaches: bool = False) -> None:
         self.world = world
-        self.detaches = detaches
+        self.traits = LauncherTraits(detaches=detaches)  # type: ignore[misc]
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> FakeProcess:
@@ -110,9 +113,6 @@ class FakeLauncher:
 
     def log_path(self, name: str) -> str:
         return f"(fake log of {name})"
-
-    def sweep_orphans(self) -> list[str]:
-        return []
 
 
 class FakeBackend(Backend):

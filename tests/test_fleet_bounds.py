@@ -20,9 +20,9 @@ import yaml
 from pydantic import BaseModel, BeforeValidator
 
 from supervisor.config.loader import load_fleet
+from supervisor.config.measures import parse_duration, parse_size
 from supervisor.config.scalars import unwrap_annotation
 from supervisor.config.schema import Daemon, Target
-from supervisor.config.units import parse_duration, parse_size
 from supervisor.errors import FleetFileError
 from tests.conftest import REPO
 

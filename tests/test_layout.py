@@ -1,9 +1,11 @@
-"""The package layout stays walkable (docs/architecture.md): no import cycle, small modules
-and functions, one package per concern, plugins on the one public import path.
+"""The package layout stays walkable (docs/architecture.md): no import cycle, no arrow from
+a lower package to a higher one, small modules, classes and functions, one package per
+concern, plugins on the one public import path, launchers known by their traits only.
 
 The import graph is read from the source with `ast`, counting every import: top level,
 inside functions and under TYPE_CHECKING alike, since a cycle hidden in any of them still
-ties two modules together for a reader.
+ties two modules together for a reader. `from pkg import name` is an edge to `pkg` itself
+(its __init__ runs) and to `pkg.name` where that is a module.
 """
 
 from __future__ import annotations
@@ -34,17 +36,15 @@ def imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name in known}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in known else node.module)
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
     return {m for m in found if m in known}
 
 
 def graph() -> dict[str, set[str]]:
     mods = modules()
-    # A package's __init__ is not where its modules' code lives: importing
-    # `supervisor.plugin.backend` runs `supervisor.plugin` too, but a cycle through an
-    # __init__ that only re-exports is still a cycle, so __init__ modules stay in the graph.
+    # A package's __init__ stays in the graph with its own edges: an __init__ that imports
+    # its backend while the backend imports the package is a cycle a reader must untangle.
     return {name: imports(path, set(mods)) - {name} for name, path in mods.items()}
 
 
@@ -70,14 +70,64 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_project_has_no_import_cycle():
+def test_the_project_has_no_import_cycle_counting_package_inits():
     edges = graph()
-    # A package's __init__ importing its own submodules is how re-exports work, not a cycle
-    # between concerns; cycles are looked for between distinct modules.
-    for name in edges:
-        edges[name] = {m for m in edges[name] if not (
-            modules()[name].name == "__init__.py" and m.startswith(name + "."))}
     assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
+
+
+# Lowest first: a package may import its own layer and those below, never one above.
+LAYERS = (
+    ("supervisor", "supervisor.errors", "supervisor.atomicfile", "supervisor.events"),
+    ("supervisor.config",),
+    ("supervisor.models",),
+    ("supervisor.gpu",),
+    ("supervisor.plugin",),
+    ("supervisor.launcher", "supervisor.tuning", "plugins"),
+    ("supervisor.supervision",),
+    ("supervisor.api",),
+    ("supervisor.daemon", "supervisor.bench"),
+    ("supervisor.cli", "supervisor.__main__"),
+)
+
+
+def layer_of(module: str) -> int:
+    best = max((prefix for layer in LAYERS for prefix in layer
+                if module == prefix or module.startswith(prefix + ".")), key=len)
+    return next(i for i, layer in enumerate(LAYERS) if best in layer)
+
+
+def test_every_module_is_in_a_layer():
+    for name in modules():
+        layer_of(name)  # raises ValueError for a package missing from LAYERS
+
+
+def test_no_arrow_runs_from_a_lower_package_up_to_a_higher_one():
+    upward = sorted(f"{a} -> {b}" for a, deps in graph().items() for b in deps
+                    if layer_of(b) > layer_of(a))
+    assert upward == []
+
+
+BUILT_IN_LAUNCHERS = {"process", "systemd", "external", "ray", "container"}
+
+
+def test_nothing_outside_the_launchers_names_a_built_in_launcher():
+    """A launcher is looked up by the fleet file's name and asked for its traits; code
+    elsewhere never compares, keys or passes a launcher's name (the schema's default is
+    the one place the file's default is written)."""
+    named = []
+    for name, path in modules().items():
+        if name.startswith("supervisor.launcher"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in BUILT_IN_LAUNCHERS:
+                named.append(f"{path.relative_to(REPO)} {node.value!r}")
+    assert named == ["supervisor/config/schema.py 'process'"]
+
+
+def test_the_launcher_name_finder_finds_a_comparison(tmp_path):
+    tree = ast.parse('if target.launcher == "ray":\n    pass\n')
+    assert [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and n.value in BUILT_IN_LAUNCHERS] == ["ray"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -106,7 +156,8 @@ def test_supervisor_has_about_a_dozen_entries_one_per_concern():
     entries = sorted(p.name for p in (REPO / "supervisor").iterdir()
                      if p.name != "__pycache__" and not p.name.startswith("__"))
     assert entries == ["api", "atomicfile.py", "bench", "cli", "config", "daemon", "errors.py",
-                       "events.py", "gpu", "launcher", "models", "plugin", "target", "tuning"]
+                       "events.py", "gpu", "launcher", "models", "plugin", "supervision",
+                       "tuning"]
 
 
 def test_built_in_plugins_import_only_the_public_plugin_path():

@@ -17,7 +17,7 @@ from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.api.promexport import registry_for
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import MetricsSample
-from supervisor.target.requests import ProxyRequests
+from supervisor.supervision.requests import ProxyRequests
 from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.load import LABELS, LoadWindows, bucket_of
 from supervisor.tuning.window import Delta

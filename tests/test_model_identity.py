@@ -7,7 +7,7 @@ import time
 
 from supervisor.models import facts as modelfacts
 from supervisor.models.identity import FileIdentity, file_identity
-from supervisor.target.runrecord import RunRecorder
+from supervisor.supervision.runrecord import RunRecorder
 from tests.ggufs import write_model
 
 # Timestamps move in kernel clock ticks (up to 10 ms on coarse-clock filesystems):

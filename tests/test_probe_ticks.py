@@ -1,5 +1,5 @@
 """Health probes and metrics reads wait for the next tick of their interval, so that every
-target with the same interval is read in the same wake-up of the daemon (supervisor/target/
+target with the same interval is read in the same wake-up of the daemon (supervisor/supervision/
 probes.py; the CPU it saves is measured by benchmarks/daemon_overhead.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from supervisor.target.probes import TICK_SLACK, to_next_tick
+from supervisor.supervision.probes import TICK_SLACK, to_next_tick
 
 
 @pytest.mark.parametrize("interval", [0.5, 1.0, 5.0, 15.0])

@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from supervisor.launcher.process import ChildRegistry, ProcessLauncher
+from supervisor.launcher.children import ChildRegistry
+from supervisor.launcher.process import ProcessLauncher
 from supervisor.plugin.backend import LaunchSpec
 from tests.conftest import REPO, wait_for
 

@@ -1,4 +1,4 @@
-"""A metrics read is skipped only when nothing can have changed (target/probes.py
+"""A metrics read is skipped only when nothing can have changed (supervision/probes.py
 QuietRuntime): checked against real processes, one asleep and one spinning."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import MetricsSample
-from supervisor.target.probes import QuietRuntime
-from supervisor.target.requests import ProxyRequests
+from supervisor.supervision.probes import QuietRuntime
+from supervisor.supervision.requests import ProxyRequests
 from supervisor.tuning.autotuner import AutoTuner
 
 

@@ -10,8 +10,8 @@ import pytest
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.launcher.ray.actor import file_problem
-from supervisor.launcher.ray.launcher import fingerprint, node_files, num_gpus
 from supervisor.launcher.ray.placement import NodeView, choose, demand, nodes_from
+from supervisor.launcher.ray.raylauncher import fingerprint, node_files, num_gpus
 from supervisor.plugin.backend import LaunchSpec
 
 
@@ -127,12 +127,14 @@ def test_a_fleet_file_takes_ray_settings_and_placement() -> None:
 
 
 def test_check_warns_of_ray_settings_without_launcher_ray_and_refuses_all_gpus() -> None:
-    from supervisor.config.crosscheck import check_ray
-    (warning,) = check_ray(target(launcher="process", ray={"nodes": ["w1"]}))
+    from supervisor.plugin.registry import default_registry
+    check = default_registry().check_target
+    (warning,) = [p for p in check(target(launcher="process", ray={"nodes": ["w1"]}))
+                  if p.path == ("ray",)]
     assert warning.severity == "warning" and "launcher: ray only" in warning.message
-    (error,) = check_ray(target(gpus="all"))
-    assert error.severity == "error" and error.path == ("targets", "t", "gpus")
-    assert check_ray(target(gpus=[0])) == []
+    (error,) = [p for p in check(target(gpus="all")) if p.path == ("gpus",)]
+    assert error.severity == "error" and "no meaning on a Ray cluster" in error.message
+    assert [p for p in check(target(gpus=[0])) if p.path in (("ray",), ("gpus",))] == []
 
 
 def test_status_of_one_target_names_its_ray_node() -> None:

@@ -8,7 +8,7 @@ import asyncio
 from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import MetricsSample, RuntimeInfo
-from supervisor.target.requests import ProxyRequests
+from supervisor.supervision.requests import ProxyRequests
 from supervisor.tuning import autotuner
 from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.regimes import LIMIT, recall, remember, setting_key

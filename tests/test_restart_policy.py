@@ -6,8 +6,8 @@ import pytest
 
 from supervisor.config.schema import Health, Restart
 from supervisor.plugin.backend import Failure, FailureKind
-from supervisor.target.probes import LivenessTracker
-from supervisor.target.restart_policy import after_failure
+from supervisor.supervision.probes import LivenessTracker
+from supervisor.supervision.restart_policy import after_failure
 
 CRASH = Failure(FailureKind.CRASH, "llama-server killed by signal SIGKILL")
 NO_JITTER = Restart(jitter=0.0)

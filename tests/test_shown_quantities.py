@@ -17,7 +17,7 @@ from supervisor.cli import statusview
 from supervisor.config.schema import Target
 from supervisor.events import Event, EventBus
 from supervisor.plugin import MetricsSample
-from supervisor.target.supervisor import TargetSupervisor
+from supervisor.supervision.owner import TargetSupervisor
 from supervisor.tuning.quantities import shown
 from supervisor.tuning.window import AcceptanceWindow
 from tests.lifecycle_doubles import FakeBackend, FakeLauncher, World

@@ -23,8 +23,8 @@ import yaml
 
 from supervisor.atomicfile import write_json, write_text
 from supervisor.events import Event, EventLog
-from supervisor.launcher.process import ChildRegistry
-from supervisor.target.runrecord import RunRecorder
+from supervisor.launcher.children import ChildRegistry
+from supervisor.supervision.runrecord import RunRecorder
 from supervisor.tuning.store import TunerMemory, TuningStore
 from tests.conftest import REPO, llama_target, wait_for, write_fleet
 
@@ -321,7 +321,7 @@ def test_the_daemon_starts_over_corrupt_state_files_warns_once_each_and_keeps_co
 
 def test_a_runtime_log_on_a_full_disk_drops_lines_from_the_file_not_the_target(
         small_fs, capsys):
-    from supervisor.launcher.process import OutputLog
+    from supervisor.launcher.outputlog import OutputLog
 
     log = OutputLog(small_fs / "logs" / "t.log", 10 * 1024 * 1024, 1)
     filler = fill(small_fs)

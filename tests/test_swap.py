@@ -135,7 +135,10 @@ def test_check_shows_which_on_demand_targets_swap_and_refuses_one_that_never_fit
 def test_fleet_file_errors_for_loading_keys_name_the_key(tmp_path, model):
     from supervisor.config.loader import load_fleet
     from supervisor.errors import FleetFileError
+    from supervisor.plugin.registry import default_registry
     from tests.conftest import llama_target, write_fleet
+    # The external launcher's own check (it says it cannot swap) comes through the registry.
+    check = default_registry().check_target
     cases = [({"launcher": "external", "start": "on_demand"}, "targets.t.start",
               "an external server is not started or stopped by specfleet"),
              ({"group": "chat", "evictable": False}, "targets.t.evictable",
@@ -145,6 +148,6 @@ def test_fleet_file_errors_for_loading_keys_name_the_key(tmp_path, model):
     for over, path, message in cases:
         fleet = write_fleet(tmp_path, {"t": llama_target(model, "/bin/true", **over)})
         with pytest.raises(FleetFileError) as caught:
-            load_fleet(fleet)
+            load_fleet(fleet, check)
         text = "\n".join(caught.value.problems)
         assert path in text and message in text, text

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from supervisor.launcher.systemd import units
+from supervisor.launcher.systemd import unitfile
 from tests.conftest import (
     REPO,
     llama_target,
@@ -68,7 +68,7 @@ def test_quickstart_fleet_on_systemd_reaches_ready_and_systemctl_sees_the_units(
     daemon = lab_daemon(quickstart_fleet(tmp_path, model, llama_server_bin, launcher="systemd"))
     for name in ("gemma-plain", "gemma-ngram"):
         ready = daemon.wait_state(name, "ready")
-        unit = units.unit_name(name)
+        unit = unitfile.unit_name(name)
         shown = lab.run("systemctl", "status", unit, "--no-pager")
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert "active (running)" in shown.stdout
@@ -177,7 +177,7 @@ def test_units_install_writes_the_units_and_the_secret_file_0600_and_reloads(
 
 def test_the_watchdog_restarts_a_daemon_whose_event_loop_is_blocked(tmp_path, lab):
     fleet = fleet_of(tmp_path, {})
-    unit = units.render_daemon(fleet, watchdog=2, environment={
+    unit = unitfile.render_daemon(fleet, watchdog=2, environment={
         "SPECFLEET_FAULT_BLOCK_LOOP_ON_SIGUSR2": "60", "PYTHONPATH": str(REPO)})
     assert lab.run("sh", "-c", "cat > /etc/systemd/system/specfleet.service && "
                    "systemctl daemon-reload", input=unit).returncode == 0

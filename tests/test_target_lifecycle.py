@@ -25,9 +25,9 @@ from supervisor.errors import SpecfleetError
 from supervisor.events import Event, EventBus
 from supervisor.plugin import MetricsSample, Readiness
 from supervisor.plugin.registry import build_registry
-from supervisor.target.commands import Command
-from supervisor.target.states import ALLOWED, State
-from supervisor.target.supervisor import TargetSupervisor
+from supervisor.supervision.commands import Command
+from supervisor.supervision.owner import TargetSupervisor
+from supervisor.supervision.states import ALLOWED, State
 from tests.lifecycle_doubles import (
     FakeBackend,
     FakeClock,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
-from plugins.llamacpp import provision
+from plugins.llamacpp.provision import cached_llama_server
 from supervisor.plugin import (
     GPU_RUNTIME_OVERHEAD,
     Assignment,
@@ -260,7 +260,7 @@ class LlamaCppBackend(Backend):
             if not (path.is_file() and os.access(path, os.X_OK)):
                 raise SpecfleetError(f"binary {self.target.binary!r} is not an executable file")
             return str(path)
-        found = shutil.which("llama-server") or provision.cached_llama_server()
+        found = shutil.which("llama-server") or cached_llama_server()
         if found is None:
             raise SpecfleetError(
                 "llama-server was not found on PATH or in specfleet's cache; set binary: "

@@ -28,7 +28,9 @@ from typing import Any
 
 import aiohttp
 
-from plugins.vllm import entrypoint, provision
+from plugins.vllm.entrypoint import EntryPoint, installed, venv_python
+from plugins.vllm.entrypoint import entry_point as entry_point_of
+from plugins.vllm.provision import cached_vllm_python
 from supervisor.plugin import (
     LENGTHS_BY_LOAD,
     Assignment,
@@ -161,7 +163,7 @@ class VllmBackend(Backend):
                 problems.append(Problem(("args", i), f"{flag} is managed by specfleet; set "
                                         f"{MANAGED_FLAGS[flag]} instead"))
         if target.binary and Path(target.binary).expanduser().is_dir() and not \
-                entrypoint.venv_python(Path(target.binary).expanduser()).exists():
+                venv_python(Path(target.binary).expanduser()).exists():
             problems.append(Problem(("binary",), f"{target.binary!r} is a directory without "
                                     "bin/python; name a vllm executable, a Python interpreter "
                                     "or a virtual environment"))
@@ -178,7 +180,7 @@ class VllmBackend(Backend):
             if not path.exists():
                 raise SpecfleetError(f"binary {self.target.binary!r} does not exist")
             return str(path)
-        found = shutil.which("vllm") or provision.cached_vllm_python()
+        found = shutil.which("vllm") or cached_vllm_python()
         if found is None:
             raise SpecfleetError(
                 "vllm was not found on PATH or in specfleet's cache; set binary: to a vllm "
@@ -186,15 +188,15 @@ class VllmBackend(Backend):
                 "run `specfleet setup --runtime vllm`")
         return str(found)
 
-    def entry_point(self) -> entrypoint.EntryPoint:
-        return entrypoint.entry_point(self.command_binary())
+    def entry_point(self) -> EntryPoint:
+        return entry_point_of(self.command_binary())
 
     async def preflight(self) -> RuntimeInfo:
-        entry = entrypoint.entry_point(self.resolve_binary())
+        entry = entry_point_of(self.resolve_binary())
         if entry.python is None or self.in_image():
             # In an image nothing is imported here: the image's vLLM answers for itself.
             return RuntimeInfo(entry.prefix[0])
-        found = await asyncio.to_thread(entrypoint.installed, entry.python)
+        found = await asyncio.to_thread(installed, entry.python)
         if not found.get("location"):
             raise SpecfleetError(f"{entry.python} cannot import vllm"
                                  + (f" ({found['error']})" if found.get("error") else ""))
@@ -263,7 +265,7 @@ class VllmBackend(Backend):
         entry = self.entry_point()
         if entry.python is None:
             return f"vLLM: {entry.describe()}"
-        found = entrypoint.installed(entry.python)
+        found = installed(entry.python)
         if not found.get("location"):
             return (f"vLLM: NOT importable by {entry.python}"
                     + (f" ({found['error']})" if found.get("error") else ""))

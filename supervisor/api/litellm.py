@@ -13,9 +13,10 @@ specfleet's GET /healthz and /v1/targets tell readiness without touching a model
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
-from supervisor.config.schema import ApiKey, Fleet
+from supervisor.config.schema import ApiKey, Fleet, Target
 
 # LiteLLM reads a key from the environment ("os.environ/VAR"), never from a file: a key that
 # specfleet reads from a file becomes a variable that LiteLLM's host must set to the file's
@@ -56,7 +57,8 @@ def notes(fleet: Fleet) -> list[str]:
     return list(out.values())
 
 
-def config(fleet: Fleet) -> dict[str, Any]:
+def config(fleet: Fleet, placement_info: Callable[[Target], dict[str, Any]] = lambda t: {},
+           ) -> dict[str, Any]:
     proxy = fleet.daemon.proxy
     model_list = []
     for name, target in fleet.targets.items():
@@ -70,8 +72,7 @@ def config(fleet: Fleet) -> dict[str, Any]:
         params: dict[str, Any] = {"model": f"openai/{name}", "api_base": api_base}
         params["api_key"] = key or "none"  # the openai client needs some key
         info: dict[str, Any] = {"id": f"specfleet-{name}", "backend": target.backend}
-        if target.launcher == "ray" and target.ray.nodes:
-            info["ray_nodes"] = list(target.ray.nodes)  # where the fleet file asks it to run
+        info.update(placement_info(target))  # where its launcher runs it (Ray's nodes)
         model_list.append({"model_name": name, "litellm_params": params, "model_info": info})
     return {
         "model_list": model_list,

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 
 from supervisor import __version__
 from supervisor.api.fleetview import FleetView
-from supervisor.target.states import SERVING, State
+from supervisor.supervision.states import SERVING, State
 
 LABELS = ["target", "backend"]
 # Reasons exported as 0 before they first happen, so that increase() and alerts see the

@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
 
     from supervisor.cli.common import load
     from supervisor.gpu import nvml, placement
+    from supervisor.launcher.installed import InstalledLaunchers
     from supervisor.plugin.registry import default_registry
 
     registry = default_registry()
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     fleet = loaded.fleet
     print(f"{args.file}: OK, {len(fleet.targets)} target(s)")
     backends = {name: registry.backend_for(t) for name, t in fleet.targets.items()}
+    launchers = InstalledLaunchers(registry, fleet.daemon, fleet.targets.__getitem__)
     fleet_plan = placement.make_plan(backends, nvml.read(), fleet.daemon.gpu,
                                      ours=_running_fleet_vram(fleet.daemon.state_dir),
                                      host_available=psutil.virtual_memory().available)
@@ -43,12 +45,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {spec.shell_line()}")
         for extra in backend.describe_launch(spec):
             print("  " + extra.replace("\n", "\n  "))
-        if target.launcher == "container":
-            from supervisor.launcher.container.launcher import ContainerLauncher
-
-            containers = ContainerLauncher(fleet.daemon.logs, Path(fleet.daemon.state_dir)
-                                           .expanduser(), fleet.targets.__getitem__)
-            print(f"  run as: {containers.describe(target.name, spec)}")
+        if (how := launchers.for_target(target).describe(target.name, spec)) is not None:
+            print(f"  run as: {how}")
     print("\n" + placement.render(fleet_plan))
     refused = fleet_plan.plan.refused if fleet_plan.plan is not None else {}
     if refused and fleet.daemon.gpu.refuse:

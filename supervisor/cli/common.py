@@ -8,10 +8,10 @@ from collections.abc import Callable
 from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import Target
 from supervisor.config.yamlsource import Problem
-from supervisor.plugin.registry import BackendRegistry
+from supervisor.plugin.registry import Registry
 
 
-def load(path: str, registry: BackendRegistry, runtime_files: bool = True) -> LoadedFleet:
+def load(path: str, registry: Registry, runtime_files: bool = True) -> LoadedFleet:
     """The fleet at `path`, checked by the registry's backends; its warnings go to stderr
     because stdout carries the command's own output (commands, configs) for pipes.
 
@@ -27,7 +27,7 @@ def load(path: str, registry: BackendRegistry, runtime_files: bool = True) -> Lo
     return loaded
 
 
-def _as_warnings(registry: BackendRegistry) -> Callable[[Target], list[Problem]]:
+def _as_warnings(registry: Registry) -> Callable[[Target], list[Problem]]:
     def check(target: Target) -> list[Problem]:
         return [Problem(p.path, p.message if p.severity == "warning" else
                         f"{p.message} (not needed here; `specfleet check` on the host that "

@@ -29,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from supervisor.cli.common import load
     from supervisor.plugin.registry import default_registry
 
-    fleet = load(args.file, default_registry(), runtime_files=False).fleet
-    config = litellm.config(fleet)
+    registry = default_registry()
+    fleet = load(args.file, registry, runtime_files=False).fleet
+    config = litellm.config(fleet, lambda t: registry.launcher_class(t).export_info(t))
     notes = litellm.notes(fleet)
     if args.format == "json":
         for note in notes:  # JSON has no comments; stdout stays the config alone

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if alive:
         status = _status_from_api(status, keys.token if keys else None) or status
     if args.target:
-        from supervisor.target import runrecord
+        from supervisor.supervision import runrecord
 
         target = next((t for t in status.get("targets", []) if t["name"] == args.target), None)
         if target is None:

@@ -7,8 +7,8 @@ import textwrap
 import time
 from typing import Any
 
-from supervisor.config.units import format_duration
-from supervisor.target.states import SERVING
+from supervisor.config.measures import format_duration
+from supervisor.supervision.states import SERVING
 
 
 def _uptime(target: dict[str, Any], now: float) -> str:

@@ -3,8 +3,6 @@ check_api_token, which looks at this host (run with the backend checks)."""
 
 from __future__ import annotations
 
-from supervisor.config.containersettings import ContainerSettings
-from supervisor.config.raysettings import RayPlacement
 from supervisor.config.schema import (
     METHODS_NEEDING_DRAFT,
     METHODS_WITH_DRAFT_FILE,
@@ -146,42 +144,9 @@ def check_api_token(fleet: Fleet) -> list[Problem]:
     return []
 
 
-def check_ray(target: Target) -> list[Problem]:
-    """`ray:` placement only means something under `launcher: ray`."""
-    if target.launcher != "ray" and target.ray != RayPlacement():
-        return [Problem(("targets", target.name, "ray"), f"ray: applies to launcher: ray only "
-                        f"(launcher is {target.launcher}); remove it or set launcher: ray",
-                        "warning")]
-    if target.launcher == "ray" and target.gpus == "all":
-        return [Problem(("targets", target.name, "gpus"), "gpus: all has no meaning on a Ray "
-                        "cluster; list as many indices as the target needs, such as [0, 1]")]
-    return []
-
-
-def check_container(target: Target) -> list[Problem]:
-    """`container:` only means something under `launcher: container`, which needs an image."""
-    base = ("targets", target.name)
-    if target.launcher != "container":
-        if target.container != ContainerSettings():
-            return [Problem((*base, "container"), "container: applies to launcher: container "
-                            f"only (launcher is {target.launcher}); remove it or set launcher: "
-                            "container", "warning")]
-        return []
-    if target.container.image is None:
-        return [Problem((*base, "container", "image"), "launcher: container needs the image "
-                        "that holds the runtime, such as ghcr.io/ggml-org/llama.cpp:server")]
-    return []
-
-
 def check_loading(target: Target) -> list[Problem]:
     """On-demand keys that cannot do what they say (docs/on-demand.md)."""
     base = ("targets", target.name)
-    if target.launcher == "external" and target.swaps:
-        key = "start" if target.start == "on_demand" else \
-            "idle_unload" if target.idle_unload is not None else "group"
-        return [Problem((*base, key), "an external server is not started or stopped by "
-                        "specfleet, so it cannot load on demand, unload or swap; remove "
-                        f"{key} or use another launcher")]
     if target.group is not None and not target.evictable:
         return [Problem((*base, "evictable"), f"a member of group {target.group!r} is "
                         "unloaded whenever another member loads; evictable: false contradicts "
@@ -197,8 +162,6 @@ def cross_check(fleet: Fleet) -> list[Problem]:
     for target in fleet.targets.values():
         problems += check_speculation(target)
         problems += check_restart_and_health(target)
-        problems += check_ray(target)
-        problems += check_container(target)
         problems += check_loading(target)
     if not fleet.targets:
         problems.append(Problem(("targets",), "no targets are defined; the daemon will idle",

@@ -20,9 +20,9 @@ import annotated_types
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
+from supervisor.config.measures import parse_duration, parse_fraction, parse_size
 from supervisor.config.scalars import unwrap_annotation
 from supervisor.config.schema import Fleet
-from supervisor.config.units import parse_duration, parse_fraction, parse_size
 from supervisor.config.yamlsource import (
     MAX_ALIAS_CHARS,
     MAX_ALIAS_VALUES,

@@ -14,12 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from supervisor.config.containersettings import ContainerSettings
-from supervisor.config.loading import LoadingDefaults, LoadingKeys
+from supervisor.config.measures import parse_duration, parse_fraction, parse_size
+from supervisor.config.ondemandsettings import LoadingDefaults, LoadingKeys
 from supervisor.config.paths import default_state_dir
 from supervisor.config.raysettings import RayPlacement, RaySettings
 from supervisor.config.scalars import env_name
 from supervisor.config.strict import Strict as _Strict
-from supervisor.config.units import parse_duration, parse_fraction, parse_size
 from supervisor.errors import SpecfleetError
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
@@ -36,7 +36,9 @@ NgramVariant = Literal["mod", "simple", "map-k", "map-k4v", "cache"]
 METHODS_NEEDING_DRAFT = ("draft", "eagle", "eagle3", "dflash")
 METHODS_WITH_DRAFT_FILE = ("draft", "eagle", "eagle3", "dflash", "mtp")
 METHODS_WITHOUT_MODEL = ("ngram", "suffix")  # draft from the context
-LauncherName = Literal["process", "systemd", "external", "ray", "container"]
+# Launchers are plugins (the registry checks the name against those installed); this is
+# the fleet file's default, the one launcher named outside supervisor/launcher/.
+DEFAULT_LAUNCHER = "process"
 
 
 def _argv_item(value: Any) -> Any:
@@ -191,7 +193,7 @@ class TargetDefaults(LoadingDefaults):
     """Keys under `defaults:`; every target inherits them (mappings merge key by key)."""
 
     backend: str | None = None
-    launcher: LauncherName | None = None
+    launcher: str | None = None
     host: str | None = None
     gpus: Annotated[tuple[int, ...] | Literal["all", "none"] | None, BeforeValidator(_gpus)] = None
     speculation: Speculation | None = None
@@ -216,11 +218,13 @@ class Target(LoadingKeys):
     backend: str = Field(default="llamacpp", description=(
         "The backend plugin that runs it: `llamacpp`, `vllm`, `ollama` or a third-party one; "
         "`specfleet check` lists those installed."))
-    launcher: LauncherName = Field(default="process", description=(
-        "`process`: a child of the daemon; `systemd`: the unit `specfleet-<name>.service`; "
-        "`external`: a server already running (Ollama), specfleet manages only its model; "
-        "`ray`: a detached actor on a node of the Ray cluster (docs/ray.md); `container`: a "
-        "podman or docker container of `container.image` (docs/containers.md)."))
+    launcher: str = Field(default=DEFAULT_LAUNCHER, description=(
+        "How it runs. `process`: a child of the daemon; `systemd`: the unit "
+        "`specfleet-<name>.service`; `external`: a server already running (Ollama), specfleet "
+        "manages only its model; `ray`: a detached actor on a node of the Ray cluster "
+        "(docs/ray.md); `container`: a podman or docker container of `container.image` "
+        "(docs/containers.md); or a third-party launcher (docs/plugins.md). `specfleet check` "
+        "names those installed."))
     model: str = Field(description=(
         "The model the runtime serves: a GGUF file for llama.cpp; for vLLM and Ollama also a "
         "model directory, repo id or tag."))

@@ -28,12 +28,12 @@ from supervisor.daemon.ondemand import OnDemandLoader
 from supervisor.errors import FleetFileError
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer, held_vram
-from supervisor.launcher.base import Launcher, local_pid
-from supervisor.plugin.registry import BackendRegistry
-from supervisor.target.commands import Command
-from supervisor.target.runrecord import RunRecorder
-from supervisor.target.states import State
-from supervisor.target.supervisor import TargetSupervisor
+from supervisor.plugin.launching import Launcher, local_pid
+from supervisor.plugin.registry import Registry
+from supervisor.supervision.commands import Command
+from supervisor.supervision.owner import TargetSupervisor
+from supervisor.supervision.runrecord import RunRecorder
+from supervisor.supervision.states import State
 from supervisor.tuning.store import TuningStore
 
 Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon event
@@ -41,7 +41,7 @@ HISTORY_PERIOD = 5.0  # seconds: the finest step of a target's history
 
 
 class FleetSupervisors:
-    def __init__(self, fleet_path: Path, fleet: Fleet, registry: BackendRegistry,
+    def __init__(self, fleet_path: Path, fleet: Fleet, registry: Registry,
                  events: EventBus, launcher_for: Callable[[Target], Launcher], placer: Placer,
                  state_dir: Path, emit: Emit, daemon_info: Callable[[], dict[str, Any]],
                  report: StateReport = LOG_ONLY) -> None:
@@ -81,7 +81,7 @@ class FleetSupervisors:
                                self.events, self.http,
                                log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
-                               records=self.records, launcher_name=target.launcher,
+                               records=self.records,
                                start_reason=reason, unloaded=self._starts_unloaded(target))
         self.on_demand.attach(sup)
         self.supervisors[target.name] = sup
@@ -103,7 +103,7 @@ class FleetSupervisors:
         # Reverse file order: what was listed first (often what others depend on) stops last.
         # Targets that swap are never left running: the next daemon starts them unloaded.
         for sup in reversed(list(self.supervisors.values())):
-            if sup.launcher.detaches and not self.fleet.daemon.stop_targets_on_exit \
+            if sup.launcher.traits.detaches and not self.fleet.daemon.stop_targets_on_exit \
                     and not sup.target.swaps:
                 await sup.detach(f"{reason}; stop_targets_on_exit is false")
             else:
@@ -225,9 +225,12 @@ class FleetSupervisors:
         """The API token, read from its source each time (a rotated file takes effect)."""
         return read_api_token(self.fleet)
 
+    def _export_info(self, target: Target) -> dict[str, Any]:
+        return self.registry.launcher_class(target).export_info(target)
+
     def litellm_config(self) -> dict[str, Any]:
         """The export; from the running daemon also the Ray node each target runs on now."""
-        config = litellm.config(self.fleet)
+        config = litellm.config(self.fleet, self._export_info)
         for entry in config["model_list"]:
             sup = self.supervisors.get(entry["model_name"])
             node = sup.placement.get("node") if sup is not None else None

@@ -25,7 +25,6 @@ from supervisor import __version__
 from supervisor.api.proxy import Proxy
 from supervisor.api.server import ApiServer
 from supervisor.config.loader import LoadedFleet
-from supervisor.config.raysettings import RaySettings
 from supervisor.config.schema import Fleet, Target
 from supervisor.daemon import statusfile
 from supervisor.daemon.fleet import FleetSupervisors
@@ -36,44 +35,29 @@ from supervisor.errors import SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
 from supervisor.gpu.monitor import HeadroomAlert, ResourceMonitor
 from supervisor.gpu.placement import Placer
-from supervisor.launcher.base import Launcher
-from supervisor.launcher.container.launcher import ContainerLauncher
-from supervisor.launcher.external import ExternalLauncher
-from supervisor.launcher.process import ProcessLauncher
-from supervisor.launcher.ray.launcher import RayLauncher
-from supervisor.launcher.systemd import units
-from supervisor.launcher.systemd.launcher import SystemdLauncher
-from supervisor.plugin.registry import BackendRegistry
-from supervisor.target.probes import sleep_to_next_tick
+from supervisor.launcher.installed import InstalledLaunchers
+from supervisor.plugin.registry import Registry
+from supervisor.supervision.probes import sleep_to_next_tick
 
 STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happens
 
 
 class Daemon:
-    def __init__(self, fleet_path: Path, loaded: LoadedFleet, registry: BackendRegistry) -> None:
+    def __init__(self, fleet_path: Path, loaded: LoadedFleet, registry: Registry) -> None:
         self.fleet_path = fleet_path
         self.events = EventBus()
         self.log = get_logger()
         settings = loaded.fleet.daemon
         self.settings = settings  # daemon settings take effect at the next daemon start
         self.state_dir = Path(settings.state_dir).expanduser()
-        self.launcher = ProcessLauncher(settings.logs.expanduser(), self.state_dir,
-                                        settings.log_max_bytes, settings.log_backups)
-        self.systemd = SystemdLauncher(settings.systemd, self.state_dir)
-        self.external = ExternalLauncher()
-        self.containers = ContainerLauncher(settings.logs.expanduser(), self.state_dir,
-                                            self._target_named, settings.log_max_bytes,
-                                            settings.log_backups)
-        self.ray = RayLauncher(settings.ray, settings.logs.expanduser(), self._target_named,
-                               self._target_event, settings.log_max_bytes, settings.log_backups,
-                               self.launcher.children)
         # Every writer of the state dir reports here instead of raising (a full disk).
         self.state_health = StateDirHealth(self.state_dir, self.emit)
-        self.launcher.children.report = self.state_health
+        self.launchers = InstalledLaunchers(registry, settings, self._target_named,
+                                            self._target_event, self.state_health)
         self.notifier = Notifier()
         self._ready_sent = False
         self.targets = FleetSupervisors(fleet_path, loaded.fleet, registry, self.events,
-                                        self._launcher_for, Placer(settings.gpu),
+                                        self.launchers.for_target, Placer(settings.gpu),
                                         self.state_dir, self.emit, self.daemon_info,
                                         self.state_health)
         self.targets.before_apply = self._before_reload
@@ -108,15 +92,11 @@ class Daemon:
             # After the journal: whoever reads a state in status.json finds the event that
             # led to it already in events.jsonl (CI once saw `failed` without its event).
             self.events.subscribe(lambda _: self.write_status())
-            if killed := self.launcher.sweep_orphans():
+            if killed := self.launchers.sweep_orphans():
                 self.log.warning("killed processes left by a daemon that died uncleanly",
                                  processes=killed)
-            if self._uses_systemd(self.fleet):
-                await self.systemd.connect()
-                await self._remove_leftover_units(self.fleet)
-            if self._uses_ray(self.fleet):
-                await self._remove_leftover_actors(self.fleet)
-            await self._remove_leftover_containers(self.fleet)
+            await self.launchers.prepare(self.fleet)
+            await self._remove_leftovers(self.fleet)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._signals.put_nowait, sig)
@@ -158,8 +138,7 @@ class Daemon:
         await self.proxy.stop()
         await self.api.stop()
         await self.targets.records.close()
-        self.systemd.close()
-        await self.ray.cluster.close()
+        await self.launchers.close()
         if self.targets.http is not None:
             await self.targets.http.close()
 
@@ -219,16 +198,6 @@ class Daemon:
 
     # --- launchers ---
 
-    def _launcher_for(self, target: Target) -> Launcher:
-        return {"systemd": self.systemd, "external": self.external, "ray": self.ray,
-                "container": self.containers}.get(target.launcher, self.launcher)
-
-    def _uses_ray(self, fleet: Fleet) -> bool:
-        """Targets on Ray, or a cluster named in the file (whose actors of targets removed
-        from the file must be stopped)."""
-        return any(t.launcher == "ray" for t in fleet.targets.values()) or \
-            fleet.daemon.ray != RaySettings()
-
     def _target_named(self, name: str) -> Target:
         """The definition a target's supervisor runs (during a reload, the fleet's may be
         the next one already)."""
@@ -238,55 +207,18 @@ class Daemon:
     def _target_event(self, target: str, reason: str) -> None:
         self.events.emit(Event(target, "placement", reason))
 
-    async def _remove_leftover_actors(self, fleet: Fleet) -> None:
-        keep = {n for n, t in fleet.targets.items() if t.launcher == "ray"}
-        for actor in await self.ray.remove_leftovers(keep):
-            self.emit("daemon", f"stopped the Ray actor {actor}: its target is no longer in "
-                      "the fleet file (or no longer uses launcher: ray)")
-
-    async def _remove_leftover_containers(self, fleet: Fleet) -> None:
-        """Containers this daemon (this state dir) started for targets no longer in the file,
-        with every engine the fleet names (`auto` when none: the one installed). Only where
-        containers ran from this state dir: a daemon without any never asks an engine."""
-        keep = {n for n, t in fleet.targets.items() if t.launcher == "container"}
-        if not keep and not self.containers.env_dir.exists():
-            return
-        engines = {t.container.engine for t in fleet.targets.values()
-                   if t.launcher == "container"} or {"auto"}
-        for engine in sorted(engines):
-            try:
-                removed = await self.containers.remove_leftovers(keep, engine)
-            except SpecfleetError as exc:  # a broken engine must not stop the other targets
-                self.emit("daemon", f"could not look for leftover containers: {exc}")
-                continue
-            for name in removed:
-                self.emit("daemon", f"removed the container {name}: its target is no longer "
-                          "in the fleet file (or no longer uses launcher: container)")
-
-    def _uses_systemd(self, fleet: Fleet) -> bool:
-        """Targets on systemd, or target units left from an earlier fleet file (which must be
-        stopped, or a target moved back to the process launcher would meet its own port)."""
-        return any(t.launcher == "systemd" for t in fleet.targets.values()) or any(
-            self.systemd.unit_dir.glob(f"{units.UNIT_PREFIX}*.service"))
-
-    async def _remove_leftover_units(self, fleet: Fleet) -> None:
-        keep = {n for n, t in fleet.targets.items() if t.launcher == "systemd"}
-        for unit in await self.systemd.remove_leftovers(keep):
-            self.emit("daemon", f"stopped and removed {unit}: its target is no longer in the "
-                      "fleet file (or no longer uses launcher: systemd)")
+    async def _remove_leftovers(self, fleet: Fleet) -> None:
+        for said in await self.launchers.remove_leftovers(fleet):
+            self.emit("daemon", said)
 
     async def _before_reload(self, old: Fleet, new: Fleet) -> None:
         if new.daemon != old.daemon:
             self.log.warning("daemon: settings changed; they take effect when the daemon restarts")
-        if self._uses_systemd(old) or self._uses_systemd(new):
-            await self.systemd.connect()
+        await self.launchers.prepare(old)
+        await self.launchers.prepare(new)
 
     async def _after_reload(self, new: Fleet) -> None:
-        if self.systemd.connected:
-            await self._remove_leftover_units(new)
-        if self.ray.cluster.connected:
-            await self._remove_leftover_actors(new)
-        await self._remove_leftover_containers(new)
+        await self._remove_leftovers(new)
 
     # --- the HTTP side ---
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 
 from supervisor.gpu import swap
 from supervisor.gpu.placement import Placer
-from supervisor.target.commands import Command
-from supervisor.target.states import State
-from supervisor.target.supervisor import TargetSupervisor
+from supervisor.supervision.commands import Command
+from supervisor.supervision.owner import TargetSupervisor
+from supervisor.supervision.states import State
 
 _NOT_LOADED = frozenset({State.UNLOADED, State.STOPPED, State.FAILED, State.DETACHED})
 IDLE_CHECK = 1.0  # seconds between two looks for idle targets

@@ -17,7 +17,7 @@ import psutil
 from supervisor.atomicfile import write_text
 
 if TYPE_CHECKING:  # `specfleet status` reads the file without the daemon's modules
-    from supervisor.target.status import TargetStatus
+    from supervisor.supervision.status import TargetStatus
 
 STATUS_FILE = "status.json"
 

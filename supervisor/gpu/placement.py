@@ -14,14 +14,29 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
-from supervisor.config.schema import GpuSettings
+from supervisor.config.schema import GpuSettings, Target
 from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.gpu import nvml, vram
-from supervisor.plugin.backend import Backend
+
+
+class _Traits(Protocol):
+    local_gpus: bool
+
+
+class Planned(Protocol):
+    """What the plan needs of a target's backend (plugin/backend.py's Backend is one)."""
+
+    target: Target
+    fills_gpu_memory: bool
+
+    @property
+    def launcher_traits(self) -> _Traits: ...
+
+    def memory_estimate(self, on_gpu: bool) -> vram.Estimate | None: ...
 
 
 @dataclass
@@ -57,16 +72,16 @@ def held_vram(resources: Iterable[Mapping[str, Any]]) -> dict[int, int]:
     return held
 
 
-def make_plan(backends: Mapping[str, Backend], snapshot: nvml.GpuSnapshot,
+def make_plan(backends: Mapping[str, Planned], snapshot: nvml.GpuSnapshot,
               settings: GpuSettings, ours: Mapping[int, int] | None = None,
               host_available: int | None = None) -> FleetPlan:
     """Plan the fleet; blocking (reads model headers)."""
     devices, source = devices_from(snapshot, settings, ours)
     demands, estimates, on_gpu = [], {}, {}
     for name, backend in backends.items():
-        if backend.target.launcher in ("external", "ray"):
-            # external: a server already running, its memory is in the readings already;
-            # ray: another machine's GPUs, which Ray counts (docs/ray.md).
+        if not backend.launcher_traits.local_gpus:
+            # A server already running (its memory is in the readings already), or another
+            # machine's GPUs, which that launcher counts (Ray: docs/ray.md).
             continue
         gpu = bool(devices) and backend.target.gpus != "none"
         on_gpu[name] = gpu
@@ -154,7 +169,7 @@ class Placer:
         self._loading: dict[str, dict[int, int]] = {}  # target -> bytes per GPU not yet in NVML
         self._said_unavailable = False
 
-    async def replan(self, backends: Mapping[str, Backend],
+    async def replan(self, backends: Mapping[str, Planned],
                      ours: Mapping[int, int] | None = None) -> FleetPlan:
         snapshot = await asyncio.to_thread(nvml.read)
         host = psutil.virtual_memory().available

@@ -1,5 +1,4 @@
-"""How a target's process runs: the launcher interface and its implementations."""
-
-from supervisor.launcher.base import Launcher, RunningProcess
-
-__all__ = ["Launcher", "RunningProcess"]
+"""How a target's process runs: the built-in launchers, each registered through the
+`specfleet.launchers` entry points like a third party's (the contract is
+supervisor/plugin/launching.py), and what they share: the running-process record, the
+output log and the book of children for the orphan sweep."""

@@ -9,30 +9,30 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from supervisor.plugin.backend import LaunchSpec
+from supervisor.config.schema import Target
+from supervisor.config.yamlsource import Problem
+from supervisor.launcher.running import TargetProcess
+from supervisor.plugin.hookspecs import hookimpl
+from supervisor.plugin.launching import Launcher, LauncherContext, LauncherTraits
+
+if TYPE_CHECKING:
+    from supervisor.plugin.values import LaunchSpec
 
 
-class AttachedServer:
+class AttachedServer(TargetProcess):
     """A RunningProcess for a server specfleet did not start: it "exits" when let go of."""
 
-    pid = 0
-
     def __init__(self) -> None:
-        self._returncode: int | None = None
-        self._released = asyncio.get_running_loop().create_future()
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
+        super().__init__(0, None)
+        self._exit = asyncio.get_running_loop().create_future()
 
     def _release(self, code: int) -> None:
         if self._returncode is None:
             self._returncode = code
-            self._released.set_result(code)
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._released)
+            assert self._exit is not None
+            self._exit.set_result(code)
 
     async def stop(self, grace: float) -> int:
         self._release(0)
@@ -41,28 +41,39 @@ class AttachedServer:
     def kill(self) -> None:
         self._release(0)  # nothing to kill: the next start prepares the model again
 
-    def output_tail(self, lines: int = 20) -> str:
-        return ""
 
-    def oom_killed(self) -> bool:
-        return False
-
-
-class ExternalLauncher:
+class ExternalLauncher(Launcher):
     name = "external"
-    detaches = False
+    # Nothing of its own runs: the server's memory is in the GPU readings already, and it
+    # is neither started nor stopped, so it cannot load on demand or swap.
+    traits = LauncherTraits(starts_server=False, local_gpus=False)
+
+    def __init__(self) -> None:
+        pass
+
+    @classmethod
+    def from_context(cls, context: LauncherContext) -> ExternalLauncher:
+        return cls()
+
+    @classmethod
+    def check(cls, target: Target) -> list[Problem]:
+        if target.swaps:
+            key = "start" if target.start == "on_demand" else \
+                "idle_unload" if target.idle_unload is not None else "group"
+            return [Problem((key,), "an external server is not started or stopped by "
+                            "specfleet, so it cannot load on demand, unload or swap; remove "
+                            f"{key} or use another launcher")]
+        return []
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> AttachedServer:
         spec.write_files()
         return AttachedServer()
 
-    async def adopt(self, name: str, spec: LaunchSpec, *,
-                    stop_grace: float = 15.0) -> tuple[AttachedServer | None, str]:
-        return None, ""
-
     def log_path(self, name: str) -> str:
         return "(the external server's own log)"
 
-    def sweep_orphans(self) -> list[str]:
-        return []
+
+@hookimpl
+def register_launchers(register: Callable[[type], None]) -> None:
+    register(ExternalLauncher)

@@ -1,10 +1,12 @@
-"""The one import path for backend plugin authors (docs/plugins.md).
+"""The one import path for plugin authors, of backends and of launchers (docs/plugins.md).
 
 Everything a backend needs is here: the base class and the values it returns, the
 target as the fleet file describes it, the fleet-file problem type, the hook marker,
 and the helpers the built-in backends share (model headers, memory estimates,
 out-of-memory messages, Prometheus text). Built-in backends import from here only,
-never from each other, so a third-party backend can do everything they do.
+never from each other, so a third-party backend can do everything they do. A launcher
+needs the `Launcher` and `RunningProcess` base classes, `LauncherTraits` and
+`LauncherContext`.
 """
 
 from supervisor.config.schema import Target
@@ -44,15 +46,23 @@ from supervisor.plugin.cache import (
 )
 from supervisor.plugin.executor import LOCAL, Executor
 from supervisor.plugin.hookspecs import hookimpl
+from supervisor.plugin.launching import (
+    Launcher,
+    LauncherContext,
+    LauncherTraits,
+    RunningProcess,
+    traits_for,
+)
 from supervisor.plugin.promtext import Samples, dense_positions
 from supervisor.plugin.promtext import parse as parse_prometheus
 
 __all__ = [
     "GPU_RUNTIME_OVERHEAD", "LENGTHS_BY_LOAD", "LOCAL", "Assignment", "Backend", "ContextSettings",
     "Estimate", "Executor", "Failure",
-    "FailureKind", "FileIdentity", "Generation", "GiB", "LaunchSpec", "MetricsSample", "MiB",
-    "ModelFacts", "Probe", "Problem", "Readiness", "RuntimeInfo", "Samples", "SpecfleetError",
-    "Target", "assemble_example_model", "cache_root", "dense_positions", "example_model_path",
-    "file_identity", "find_out_of_memory", "hookimpl", "llamacpp_model", "log_tail",
-    "parse_prometheus", "read_model_facts", "run_logged",
+    "FailureKind", "FileIdentity", "Generation", "GiB", "LaunchSpec", "Launcher",
+    "LauncherContext", "LauncherTraits", "MetricsSample", "MiB",
+    "ModelFacts", "Probe", "Problem", "Readiness", "RunningProcess", "RuntimeInfo", "Samples",
+    "SpecfleetError", "Target", "assemble_example_model", "cache_root", "dense_positions",
+    "example_model_path", "file_identity", "find_out_of_memory", "hookimpl", "llamacpp_model",
+    "log_tail", "parse_prometheus", "read_model_facts", "run_logged", "traits_for",
 ]

@@ -1,16 +1,17 @@
-"""Backend discovery: built-ins and third-party plugins load by one path.
+"""Plugin discovery: built-ins and third-party plugins load by one path.
 
 Every backend, ours included, is found through the entry-point group
-`specfleet.backends`, so a third-party package is a peer of the built-ins.
-`check_pending()` makes a misspelled hook implementation fail at start-up
-instead of being silently ignored.
+`specfleet.backends`, and every launcher through `specfleet.launchers`, so a
+third-party package is a peer of the built-ins. `check_pending()` makes a
+misspelled hook implementation fail at start-up instead of being silently ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from types import ModuleType
+from typing import Any
 
 import pluggy
 
@@ -20,13 +21,19 @@ from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
 from supervisor.plugin import hookspecs
 from supervisor.plugin.backend import Backend
+from supervisor.plugin.launching import Launcher, declare
 
 ENTRY_POINT_GROUP = "specfleet.backends"
+LAUNCHER_GROUP = "specfleet.launchers"
 
 
-class BackendRegistry:
-    def __init__(self, backends: dict[str, type[Backend]]) -> None:
+class Registry:
+    def __init__(self, backends: dict[str, type[Backend]],
+                 launchers: dict[str, type[Launcher]]) -> None:
         self._backends = backends
+        self.launchers = launchers
+        for name, cls in launchers.items():  # what a backend asks of its target's launcher
+            declare(name, cls.traits)
 
     def names(self) -> list[str]:
         return sorted(self._backends)
@@ -44,8 +51,14 @@ class BackendRegistry:
             hint = did_you_mean(target.backend, self._backends)
             return [Problem(("backend",), f"backend {target.backend!r} is not installed{hint}; "
                                           f"installed: {', '.join(self.names())}")]
-        problems = cls.check(target) + _check_variants(cls, target)
-        if target.launcher == "external" and not cls.supports_external:
+        launcher = self.launchers.get(target.launcher)
+        if launcher is None:
+            hint = did_you_mean(target.launcher, self.launchers)
+            return [Problem(("launcher",), f"launcher {target.launcher!r} is not installed"
+                            f"{hint}; installed: {', '.join(sorted(self.launchers))}")]
+        problems = [*_check_sections(target, self.launchers), *launcher.check(target),
+                    *cls.check(target), *_check_variants(cls, target)]
+        if not launcher.traits.starts_server and not cls.supports_external:
             problems.append(Problem(("launcher",), f"the {target.backend} backend cannot use a "
                                     "server it did not start; launcher: process or systemd"))
         if any(p.severity == "error" for p in problems):
@@ -62,6 +75,28 @@ class BackendRegistry:
         if cls is None:
             raise SpecfleetError(f"backend {target.backend!r} is not installed")
         return cls(target)
+
+    def launcher_class(self, target: Target) -> type[Launcher]:
+        cls = self.launchers.get(target.launcher)
+        if cls is None:
+            raise SpecfleetError(f"launcher {target.launcher!r} is not installed")
+        return cls
+
+
+def _check_sections(target: Target, launchers: dict[str, type[Launcher]]) -> list[Problem]:
+    """A key that only another launcher reads (`ray:` under launcher: process) does nothing:
+    said as a warning, where the user set it."""
+    problems = []
+    for name, cls in sorted(launchers.items()):
+        key = cls.traits.section
+        if key is None or name == target.launcher or not hasattr(target, key):
+            continue
+        value = getattr(target, key)
+        if value != type(value)():
+            problems.append(Problem((key,), f"{key}: applies to launcher: {name} only "
+                                    f"(launcher is {target.launcher}); remove it or set "
+                                    f"launcher: {name}", "warning"))
+    return problems
 
 
 def _check_variants(cls: type[Backend], target: Target) -> list[Problem]:
@@ -81,12 +116,16 @@ def _check_variants(cls: type[Backend], target: Target) -> list[Problem]:
 
 
 def build_registry(extra_plugins: Iterable[ModuleType | object] = (),
-                   entry_points: bool = True) -> BackendRegistry:
+                   entry_points: bool = True) -> Registry:
+    """Every installed backend and launcher. Without `entry_points` only `extra_plugins`'
+    backends are taken (a test's own), and the installed launchers still are: a launcher
+    registered by an extra plugin is added to them."""
     pm = pluggy.PluginManager("specfleet")
     pm.add_hookspecs(hookspecs)
     try:
         if entry_points:
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        pm.load_setuptools_entrypoints(LAUNCHER_GROUP)
         for plugin in extra_plugins:
             pm.register(plugin)
         pm.check_pending()
@@ -96,24 +135,30 @@ def build_registry(extra_plugins: Iterable[ModuleType | object] = (),
         raise SpecfleetError(f"a backend plugin failed to load: {type(exc).__name__}: {exc}") from exc
 
     backends: dict[str, type[Backend]] = {}
-
-    def register(cls: type) -> None:
-        if not (isinstance(cls, type) and issubclass(cls, Backend)) or not getattr(cls, "name", ""):
-            raise SpecfleetError(f"{cls!r} is not a Backend subclass with a name")
-        if cls.name in backends and backends[cls.name] is not cls:
+    launchers: dict[str, type[Launcher]] = {}
+    pm.hook.register_backends(register=_registrar(backends, Backend, "backend"))
+    pm.hook.register_launchers(register=_registrar(launchers, Launcher, "launcher"))
+    for kind, found, group in (("backends", backends, ENTRY_POINT_GROUP),
+                               ("launchers", launchers, LAUNCHER_GROUP)):
+        if not found:
             raise SpecfleetError(
-                f"two plugins register backend '{cls.name}': "
-                f"{backends[cls.name].__module__} and {cls.__module__}")
-        backends[cls.name] = cls
+                f"no {kind} are installed: specfleet's own {kind} load through the "
+                f"'{group}' entry points; install the package (pip install -e .)")
+    return Registry(backends, launchers)
 
-    pm.hook.register_backends(register=register)
-    if not backends:
-        raise SpecfleetError(
-            "no backends are installed: specfleet's own backends load through the "
-            f"'{ENTRY_POINT_GROUP}' entry points; install the package (pip install -e .)")
-    return BackendRegistry(backends)
+
+def _registrar(into: dict[str, Any], base: type, kind: str) -> Callable[[type], None]:
+    def register(cls: type) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, base)) or not getattr(cls, "name", ""):
+            raise SpecfleetError(f"{cls!r} is not a {base.__name__} subclass with a name")
+        if cls.name in into and into[cls.name] is not cls:
+            raise SpecfleetError(
+                f"two plugins register {kind} '{cls.name}': "
+                f"{into[cls.name].__module__} and {cls.__module__}")
+        into[cls.name] = cls
+    return register
 
 
 @cache
-def default_registry() -> BackendRegistry:
+def default_registry() -> Registry:
     return build_registry()

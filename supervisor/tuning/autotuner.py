@@ -272,7 +272,7 @@ class AutoTuner:
         self._last_scrape = (now, sample.requests_processing)
 
     def quiet(self, now: float) -> None:
-        """A metrics read skipped because the runtime did nothing (target/probes.py): the
+        """A metrics read skipped because the runtime did nothing (supervision/probes.py): the
         interval since the last read is filed as the previous read saw it, and the next
         starts idle, as a read showing no request running would have."""
         last_time, last_running = self._last_scrape or (now, 0)

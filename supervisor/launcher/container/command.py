@@ -1,5 +1,5 @@
 """The container engine's command lines for a target: pure, so that every flag is
-unit-tested; launcher/container/launcher.py runs them.
+unit-tested; launcher/container/containerlauncher.py runs them.
 
 Verified by hand with Debian's podman 4.3.1 and runc: `run -d --runtime runc --network
 host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096` with the model mounted read-only at
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from supervisor.plugin.backend import LaunchSpec
+from supervisor.plugin.values import LaunchSpec
 
 LABEL_TARGET = "io.specfleet.target"
 LABEL_SPEC = "io.specfleet.spec"

@@ -16,8 +16,8 @@ from supervisor.launcher.container.command import (
     container_name,
     spec_hash,
 )
-from supervisor.launcher.systemd.units import quote
-from supervisor.plugin.backend import LaunchSpec
+from supervisor.launcher.systemd.unitfile import quote
+from supervisor.plugin.values import LaunchSpec
 
 QUADLET_SINCE = (4, 4)
 

@@ -5,7 +5,7 @@ whose child is the runtime. The actor outlives the daemon (detached), so a new d
 adopts it; the runtime dies with the actor, never alone: it gets PR_SET_PDEATHSIG, and
 the actor's worker process exits when its node's raylet dies.
 
-This module is shipped to the nodes by value (launcher.py registers it with Ray's
+This module is shipped to the nodes by value (cluster.py registers it with Ray's
 cloudpickle), so a node needs Ray and Python, not specfleet: keep it to the standard
 library, and import Ray inside methods only.
 """

@@ -17,9 +17,9 @@ import psutil
 
 from supervisor.config.raysettings import RaySettings
 from supervisor.errors import SpecfleetError
-from supervisor.launcher.process import ChildRegistry
 from supervisor.launcher.ray import actor as actor_module
 from supervisor.launcher.ray.placement import NodeView, nodes_from
+from supervisor.plugin.launching import ChildBook
 
 ACTOR_PREFIX = "specfleet/"
 
@@ -44,7 +44,7 @@ def actor_name(target: str) -> str:
 
 
 class RayCluster:
-    def __init__(self, settings: RaySettings, children: ChildRegistry | None = None) -> None:
+    def __init__(self, settings: RaySettings, children: ChildBook | None = None) -> None:
         self.settings = settings
         # A private cluster's processes are recorded with the process launcher's children, so
         # that the orphan sweep of a daemon started after a kill -9 removes those that outlive

@@ -14,8 +14,9 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from supervisor.launcher.process import OutputLog
+from supervisor.launcher.outputlog import OutputLog
 from supervisor.launcher.ray.cluster import first_line
+from supervisor.launcher.running import TargetProcess
 
 if TYPE_CHECKING:
     from supervisor.launcher.ray.cluster import RayCluster
@@ -24,32 +25,22 @@ _POLL = 5.0  # seconds a read of new output lines waits on the node (a long poll
 _KILL_ESCALATION = 2.0  # seconds after a SIGKILL through the actor before the actor itself
 
 
-class RayProcess:
+class RayProcess(TargetProcess):
     def __init__(self, cluster: RayCluster, handle: Any, pid: int, location: dict[str, str],
                  log: OutputLog, on_line: Callable[[str], None] | None = None,
                  seq: int = 0, pid_is_local: bool = True,
                  on_node_lost: Callable[[str], None] | None = None) -> None:
+        super().__init__(pid, log)
         self._cluster = cluster
         self.handle = handle
-        self._pid = pid
-        self.location = location  # launcher/base.py's location(): the node
+        self.location = location  # the node it runs on
         self.pid_is_local = pid_is_local  # a node of this machine: /proc can read the pid
-        self._log = log
+        self._output = log
         self._on_line = on_line
         self._on_node_lost = on_node_lost
         self._seq = seq
-        self._returncode: int | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._reader = asyncio.create_task(self._pump(), name=f"output:{location['node']}")
         self._exit = asyncio.create_task(self._reap(), name=f"reap:{location['node']}")
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
 
     async def _pump(self) -> None:
         while True:
@@ -58,11 +49,11 @@ class RayProcess:
             except self._cluster.errors:
                 return  # the actor is gone: _reap says why
             if seq - self._seq > len(lines):
-                self._log.write(f"--- specfleet: {seq - self._seq - len(lines)} lines lost "
+                self._output.write(f"--- specfleet: {seq - self._seq - len(lines)} lines lost "
                                 "(the node kept fewer than were written) ---", keep=False)
             self._seq = seq
             for line in lines:
-                self._log.write(line)
+                self._output.write(line)
                 if self._on_line is not None:
                     self._on_line(line)
             if code is not None and not lines:
@@ -73,7 +64,7 @@ class RayProcess:
             code = await self.handle.wait.remote()
         except self._cluster.errors as exc:
             code = -signal.SIGKILL
-            self._log.write(f"--- specfleet: the actor on node {self.location['node']} is gone "
+            self._output.write(f"--- specfleet: the actor on node {self.location['node']} is gone "
                             f"(its node died, or it was killed): {first_line(exc)} ---")
             if self._on_node_lost is not None:
                 self._on_node_lost(self.location.get("node_id", ""))
@@ -83,14 +74,8 @@ class RayProcess:
             self._reader.cancel()
         # The actor has nothing left to hold: it goes, and its GPUs and resources with it.
         await self._cluster.discard(self.handle)
-        self._log.write(f"--- specfleet: pid {self.pid} on node {self.location['node']} exited "
-                        f"with status {code} ---", keep=False)
-        self._log.close()
-        self._returncode = code
-        return code
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
+        return self._ended(code, f"pid {self.pid} on node {self.location['node']} exited with "
+                                 f"status {code}")
 
     async def stop(self, grace: float) -> int:
         if self._returncode is None and not self._exit.done():
@@ -99,9 +84,7 @@ class RayProcess:
         return await self.wait()
 
     def kill(self) -> None:
-        task = asyncio.create_task(self._kill(), name=f"kill:{self.location['node']}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background(self._kill(), f"kill:{self.location['node']}")
 
     async def _kill(self) -> None:
         """SIGKILL to the runtime's group through the actor; an actor that cannot act on it
@@ -116,10 +99,7 @@ class RayProcess:
 
     def note(self, line: str) -> None:
         """A line of specfleet's own in the target's log (not in the runtime's tail)."""
-        self._log.write(line, keep=False)
-
-    def output_tail(self, lines: int = 20) -> str:
-        return "\n".join(list(self._log.tail)[-lines:])
+        self._output.write(line, keep=False)
 
     def oom_killed(self) -> bool:
         return False  # the node's cgroup counters are not read (docs/ray.md)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from supervisor.config.measures import format_duration
 from supervisor.config.schema import Restart
-from supervisor.config.units import format_duration
 from supervisor.plugin.backend import Failure, FailureKind
 
 MAX_OOM_RESTARTS = 1  # per crash window

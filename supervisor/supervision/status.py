@@ -40,7 +40,7 @@ class TargetStatus:
     requests: dict[str, Any] = field(default_factory=dict)  # seen by the proxy (docs/api.md)
     # the tuning window per concurrency bucket (tuning/load.py), with busy time and throughput
     by_load: dict[str, Any] = field(default_factory=dict)
-    # start mode, loads and unloads, the last cold-start wait (target/ondemand.py)
+    # start mode, loads and unloads, the last cold-start wait (supervision/ondemand.py)
     on_demand: dict[str, Any] = field(default_factory=dict)
 
 

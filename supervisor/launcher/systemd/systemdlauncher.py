@@ -1,6 +1,6 @@
 """The systemd launcher: each target is the unit `specfleet-<name>.service`.
 
-specfleet writes the unit file (launcher/systemd/units.py) into the unit directory,
+specfleet writes the unit file (launcher/systemd/unitfile.py) into the unit directory,
 reloads the manager when the file changed, and controls the unit over D-Bus: StartUnit
 and StopUnit jobs awaited through JobRemoved, the unit's exit seen through
 PropertiesChanged, KillUnit for a hung runtime. Units outlive the daemon: a daemon that
@@ -18,14 +18,19 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.atomicfile import write_text
-from supervisor.config.schema import SystemdSettings
+from supervisor.config.schema import Fleet, SystemdSettings
 from supervisor.errors import SpecfleetError
-from supervisor.launcher.systemd import units
+from supervisor.launcher.running import TargetProcess
+from supervisor.launcher.systemd import unitfile
 from supervisor.launcher.systemd.manager import SERVICE, UNIT, SystemdError, SystemdManager
-from supervisor.plugin.backend import LaunchSpec
+from supervisor.plugin.hookspecs import hookimpl
+from supervisor.plugin.launching import Launcher, LauncherContext, LauncherTraits
+
+if TYPE_CHECKING:
+    from supervisor.plugin.values import LaunchSpec
 
 _ACTIVE = ("active", "activating", "reloading", "deactivating")
 _CLD_EXITED = 1
@@ -39,31 +44,21 @@ def default_unit_dir(user: bool) -> Path:
     return Path("/etc/systemd/system")
 
 
-class SystemdUnit:
-    """A running target unit, as a RunningProcess."""
+class SystemdUnit(TargetProcess):
+    """A running target unit, as a RunningProcess (its output is in the journal)."""
 
     def __init__(self, launcher: SystemdLauncher, unit: str, path: str, pid: int,
                  invocation: str) -> None:
+        super().__init__(pid, None)
         self._launcher = launcher
         self.unit = unit
         self._path = path
-        self._pid = pid
         self.invocation = invocation
-        self._returncode: int | None = None
         self._result = ""
         self._tail = ""
-        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._exit = asyncio.get_running_loop().create_future()
         self._finishing: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._unwatch = launcher.manager.watch(path, self._changed)
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
 
     def _changed(self, props: dict[str, Any]) -> None:
         if props.get("ActiveState") in ("inactive", "failed") and self._finishing is None:
@@ -85,11 +80,9 @@ class SystemdUnit:
             self._returncode = -1
         self._tail = await self._launcher.journal_tail(self.invocation)
         self._unwatch()
-        if not self._exited.done():
-            self._exited.set_result(self._returncode)
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
+        assert self._exit is not None
+        if not self._exit.done():
+            self._exit.set_result(self._returncode)
 
     async def stop(self, grace: float) -> int:
         # systemd does SIGTERM, TimeoutStopSec (the target's stop_grace), SIGKILL, to the
@@ -101,9 +94,8 @@ class SystemdUnit:
         return await self.wait()
 
     def kill(self) -> None:
-        task = asyncio.create_task(self._launcher.manager.kill(self.unit, "all", signal.SIGKILL))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background(self._launcher.manager.kill(self.unit, "all", signal.SIGKILL),
+                         f"kill:{self.unit}")
 
     def output_tail(self, lines: int = 20) -> str:
         return "\n".join(self._tail.splitlines()[-lines:])
@@ -112,9 +104,9 @@ class SystemdUnit:
         return self._result == "oom-kill"
 
 
-class SystemdLauncher:
+class SystemdLauncher(Launcher):
     name = "systemd"
-    detaches = True  # units keep running when the daemon exits
+    traits = LauncherTraits(detaches=True)  # units keep running when the daemon exits
 
     def __init__(self, settings: SystemdSettings, state_dir: Path) -> None:
         self.settings = settings
@@ -125,6 +117,10 @@ class SystemdLauncher:
         self.state_dir = state_dir
         self._manager: SystemdManager | None = None
         self._files_lock = asyncio.Lock()  # one writer of unit files and daemon-reloads
+
+    @classmethod
+    def from_context(cls, context: LauncherContext) -> SystemdLauncher:
+        return cls(context.settings.systemd, context.state_dir)
 
     @property
     def connected(self) -> bool:
@@ -139,28 +135,38 @@ class SystemdLauncher:
         if self._manager is None:
             self._manager = await SystemdManager.connect(self.user)
 
-    def close(self) -> None:
+    def disconnect(self) -> None:
         if self._manager is not None:
             self._manager.close()
             self._manager = None
 
+    async def close(self) -> None:
+        self.disconnect()
+
+    async def prepare(self, fleet: Fleet) -> None:
+        """Connect when the fleet has targets on systemd, or target units are left from an
+        earlier fleet file (which must be stopped, or a target moved back to the process
+        launcher would meet its own port)."""
+        if self.own_targets(fleet) or any(self.unit_dir.glob(f"{unitfile.UNIT_PREFIX}*.service")):
+            await self.connect()
+
     def log_path(self, name: str) -> str:
-        return f"journalctl {'--user ' if self.user else ''}-u {units.unit_name(name)}"
+        return f"journalctl {'--user ' if self.user else ''}-u {unitfile.unit_name(name)}"
 
     # --- unit files ---
 
     def render(self, name: str, spec: LaunchSpec, stop_grace: float) -> tuple[str, str | None]:
         """(unit text, secrets file text or None) for a target."""
         env_file = str(self.env_dir / f"{name}.env") if spec.secret_env else None
-        text = units.render_target(name, spec, description=spec.argv[0].rsplit("/", 1)[-1],
+        text = unitfile.render_target(name, spec, description=spec.argv[0].rsplit("/", 1)[-1],
                                    stop_grace=stop_grace, working_directory=str(self.state_dir),
                                    env_file=env_file)
-        return text, units.render_env_file(spec) if spec.secret_env else None
+        return text, unitfile.render_env_file(spec) if spec.secret_env else None
 
     async def _install(self, name: str, spec: LaunchSpec, stop_grace: float) -> None:
         text, secrets = self.render(name, spec, stop_grace)
         async with self._files_lock:
-            changed = _write_if_changed(self.unit_dir / units.unit_name(name), text, 0o644)
+            changed = _write_if_changed(self.unit_dir / unitfile.unit_name(name), text, 0o644)
             if secrets is not None:
                 self.env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
                 _write_if_changed(self.env_dir / f"{name}.env", secrets, 0o600)
@@ -170,7 +176,7 @@ class SystemdLauncher:
     def _matches(self, name: str, spec: LaunchSpec, stop_grace: float) -> bool:
         text, secrets = self.render(name, spec, stop_grace)
         try:
-            if (self.unit_dir / units.unit_name(name)).read_text() != text:
+            if (self.unit_dir / unitfile.unit_name(name)).read_text() != text:
                 return False
             return secrets is None or (self.env_dir / f"{name}.env").read_text() == secrets
         except OSError:
@@ -182,7 +188,7 @@ class SystemdLauncher:
                     on_line: Callable[[str], None] | None = None) -> SystemdUnit:
         """`on_line` is not fed: the output goes to the journal, not through specfleet."""
         await self.connect()
-        unit = units.unit_name(name)
+        unit = unitfile.unit_name(name)
         spec.write_files()
         await self._install(name, spec, stop_grace)
         await self.manager.reset_failed(unit)
@@ -206,7 +212,7 @@ class SystemdLauncher:
                     stop_grace: float = 15.0) -> tuple[SystemdUnit | None, str]:
         """The target's unit if it still runs the command specfleet would start now."""
         await self.connect()
-        unit = units.unit_name(name)
+        unit = unitfile.unit_name(name)
         states = {n: state for n, state, _ in await self.manager.list_units([unit])}
         if states.get(unit) not in _ACTIVE:
             return None, ""
@@ -217,14 +223,20 @@ class SystemdLauncher:
         proc = await self._attach(unit)
         return proc, f"adopted {unit}, still running (pid {proc.pid})"
 
-    async def remove_leftovers(self, keep: set[str]) -> list[str]:
-        """Stop and delete target units whose target is no longer in the fleet file."""
-        await self.connect()
-        names = {n for n, _, _ in await self.manager.list_units([f"{units.UNIT_PREFIX}*.service"])}
-        names |= {p.name for p in self.unit_dir.glob(f"{units.UNIT_PREFIX}*.service")}
+    async def remove_leftovers(self, fleet: Fleet) -> list[str]:
+        if not self.connected:
+            return []  # prepare() found neither targets nor units of ours
+        return [f"stopped and removed {unit}: its target is no longer in the fleet file (or "
+                "no longer uses launcher: systemd)"
+                for unit in await self._remove_units(self.own_targets(fleet))]
+
+    async def _remove_units(self, keep: set[str]) -> list[str]:
+        """Stop and delete target units whose target is not in `keep`."""
+        names = {n for n, _, _ in await self.manager.list_units([f"{unitfile.UNIT_PREFIX}*.service"])}
+        names |= {p.name for p in self.unit_dir.glob(f"{unitfile.UNIT_PREFIX}*.service")}
         removed = []
         for unit in sorted(names):
-            target = units.target_of(unit)
+            target = unitfile.target_of(unit)
             if target is None or target in keep:
                 continue
             with contextlib.suppress(SystemdError):
@@ -253,8 +265,7 @@ class SystemdLauncher:
             await asyncio.sleep(0.1)
         return ""
 
-    def sweep_orphans(self) -> list[str]:
-        return []  # units are not orphans: they are adopted or removed (remove_leftovers)
+    # Units are not orphans to sweep: they are adopted, or removed by remove_leftovers.
 
 
 def _write_if_changed(path: Path, text: str, mode: int) -> bool:
@@ -265,3 +276,8 @@ def _write_if_changed(path: Path, text: str, mode: int) -> bool:
         pass
     write_text(path, text, mode)
     return True
+
+
+@hookimpl
+def register_launchers(register: Callable[[type], None]) -> None:
+    register(SystemdLauncher)

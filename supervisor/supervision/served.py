@@ -14,11 +14,11 @@ from typing import Any
 
 from supervisor.config.schema import Target
 from supervisor.events import Event
-from supervisor.launcher.base import RunningProcess, location
 from supervisor.plugin.backend import Backend
-from supervisor.target.commands import Command
-from supervisor.target.requests import ProxyRequests
-from supervisor.target.states import SERVING, State
+from supervisor.plugin.launching import RunningProcess
+from supervisor.supervision.commands import Command
+from supervisor.supervision.requests import ProxyRequests
+from supervisor.supervision.states import SERVING, State
 
 
 class ServedTargetMixin:
@@ -36,7 +36,7 @@ class ServedTargetMixin:
     def send(self, command: Command, reason: str) -> None:
         raise NotImplementedError
 
-    demand: Callable[[str], None]  # load it if unloaded (target/ondemand.py)
+    demand: Callable[[str], None]  # load it if unloaded (supervision/ondemand.py)
     load_refused: str | None
 
     @property
@@ -49,7 +49,7 @@ class ServedTargetMixin:
 
     def _follow(self, proc: RunningProcess) -> None:
         """Probes, counters, the proxy and the run record follow the process to its node."""
-        where = location(proc)
+        where = dict(proc.location)
         self.backend.node_address = where.get("address")
         self.placement = {k: v for k, v in self.placement.items()
                           if k not in ("node", "node_id", "address", "node_gpus")}

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.plugin.backend import LaunchSpec
+from supervisor.plugin.values import LaunchSpec
 
 UNIT_PREFIX = "specfleet-"
 DAEMON_UNIT = "specfleet.service"

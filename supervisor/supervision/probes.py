@@ -18,7 +18,7 @@ import psutil
 
 from supervisor.config.schema import Health
 from supervisor.plugin.backend import Failure, FailureKind, MetricsSample, Probe, Readiness
-from supervisor.target.states import State
+from supervisor.supervision.states import State
 
 BUSY_CPU_SHARE = 0.05  # of one core, over a failure streak: "making progress"
 # A wake-up this close to a tick belongs to it (a timer may fire a hair early).

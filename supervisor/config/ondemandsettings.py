@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
+from supervisor.config.measures import parse_duration
 from supervisor.config.strict import Strict
-from supervisor.config.units import parse_duration
 
 _Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 _Group = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]

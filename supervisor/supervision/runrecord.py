@@ -31,7 +31,7 @@ from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json,
 from supervisor.models.identity import file_identity, files_under
 
 if TYPE_CHECKING:  # `specfleet status --target` reads records without the plugin contract
-    from supervisor.plugin.backend import LaunchSpec
+    from supervisor.plugin.values import LaunchSpec
 
 HISTORY = 50
 _CHUNK = 1 << 20  # larger reads are no faster, and their buffer stays in malloc's arena

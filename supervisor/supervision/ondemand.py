@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.config.schema import Target
-from supervisor.target.requests import ProxyRequests
-from supervisor.target.states import State
+from supervisor.supervision.requests import ProxyRequests
+from supervisor.supervision.states import State
 
 
 class OnDemandMixin:

@@ -1,8 +1,8 @@
 """TargetSupervisor: one asyncio task owns one target's state.
 
-Everything else sends it commands (target/commands.py) through a queue; only the
+Everything else sends it commands (supervision/commands.py) through a queue; only the
 owner task changes the state, through `_set_state`, which checks the transition
-against ALLOWED (target/states.py), drops no-op transitions and emits an event.
+against ALLOWED (supervision/states.py), drops no-op transitions and emits an event.
 In each of its phases (idle or unloaded, backing off, running) the owner task waits
 for a command and asks `commands.next_step` what the command means there.
 """
@@ -21,10 +21,10 @@ from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
-from supervisor.launcher.base import Launcher, RunningProcess, local_pid, runtime_host
 from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
-from supervisor.target import restart_policy
-from supervisor.target.commands import (
+from supervisor.plugin.launching import Launcher, RunningProcess, local_pid
+from supervisor.supervision import restart_policy
+from supervisor.supervision.commands import (
     Command,
     Next,
     Phase,
@@ -33,14 +33,14 @@ from supervisor.target.commands import (
     is_planned_restart,
     next_step,
 )
-from supervisor.target.explain import explain_exit, explain_hang, pairing_warnings
-from supervisor.target.ondemand import OnDemandMixin
-from supervisor.target.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
-from supervisor.target.requests import ProxyRequests
-from supervisor.target.runrecord import RunRecorder
-from supervisor.target.served import ServedTargetMixin
-from supervisor.target.states import ALLOWED, State
-from supervisor.target.status import TargetStatus, counters_view
+from supervisor.supervision.explain import explain_exit, explain_hang, pairing_warnings
+from supervisor.supervision.ondemand import OnDemandMixin
+from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
+from supervisor.supervision.requests import ProxyRequests
+from supervisor.supervision.runrecord import RunRecorder
+from supervisor.supervision.served import ServedTargetMixin
+from supervisor.supervision.states import ALLOWED, State
+from supervisor.supervision.status import TargetStatus, counters_view
 from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.quantities import shown
 from supervisor.tuning.store import TuningStore
@@ -51,7 +51,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
                  tuning_store: TuningStore | None = None, placer: Placer | None = None,
-                 records: RunRecorder | None = None, launcher_name: str = "process",
+                 records: RunRecorder | None = None,
                  start_reason: str = "daemon started", unloaded: bool = False) -> None:
         self.target = target
         self.backend = backend
@@ -74,7 +74,6 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         self.tuner = AutoTuner(target, backend, tuning_store, self._event, clock)
         self.placer = placer
         self.records = records
-        self.launcher_name = launcher_name
         self.placement: dict[str, Any] = {}
         self.resources: dict[str, Any] = {}
         self.warnings: list[str] = []
@@ -83,7 +82,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._crash_times: list[float] = []
         self._oom_times: list[float] = []
-        self._may_adopt = launcher.detaches  # only the first start may find a running unit
+        self._may_adopt = launcher.traits.detaches  # only the first start may find a running unit
         self._detached = False
         self._commands: asyncio.Queue[Request] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -292,7 +291,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
 
     async def _launch(self) -> RunningProcess:
         """Preflight, the pairing guard, placement; then adopt a running unit or start anew."""
-        self.backend.executor = await runtime_host(self.launcher, self.name)  # an image?
+        self.backend.executor = await self.launcher.runtime_host(self.name)  # an image?
         info = await self.backend.preflight()
         await self._check_pairing()
         placement = await self.placer.check_start(self.name) if self.placer else None
@@ -324,7 +323,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
             spec_view = {"method": self.target.speculation.method, "variant": self.tuner.variant,
                          "enabled": self.tuner.speculation_on, "draft_length": self.tuner.draft_length}
             self.records.launched(self.name, proc.pid, self._pending_reason, spec, self.runtime,
-                                  self.launcher_name, spec_view, self.placement,
+                                  self.target.launcher, spec_view, self.placement,
                                   self.backend.model_files())
         return proc
 

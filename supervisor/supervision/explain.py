@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from supervisor.errors import StartRefused
-from supervisor.launcher.base import RunningProcess
 from supervisor.plugin.backend import Backend, Failure, FailureKind
-from supervisor.target.status import exit_description
+from supervisor.plugin.launching import RunningProcess
+from supervisor.supervision.status import exit_description
 
 # Lines of the runtime's output a failure is explained from: the reason can be far from
 # the end (vLLM prints tracebacks, then ~40 lines of nanobind leak reports at exit).

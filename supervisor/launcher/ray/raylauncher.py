@@ -19,17 +19,23 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from supervisor.config.raysettings import RaySettings
-from supervisor.config.schema import Target
+from supervisor.config.schema import Fleet, Target
+from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
-from supervisor.launcher.process import ChildRegistry, OutputLog
+from supervisor.launcher.outputlog import OutputLog
 from supervisor.launcher.ray.cluster import RayCluster, actor_name, first_line
 from supervisor.launcher.ray.placement import Choice, NodeView, choose, demand
 from supervisor.launcher.ray.process import RayProcess
-from supervisor.plugin.backend import LaunchSpec
+from supervisor.plugin.hookspecs import hookimpl
+from supervisor.plugin.launching import ChildBook, Launcher, LauncherContext, LauncherTraits
+
+if TYPE_CHECKING:
+    from supervisor.plugin.values import LaunchSpec
 
 _SUSPECT_FOR = 120.0  # seconds a node that lost an actor of ours is tried last
 # Seconds a start waits for a node to fit before giving up: the resources of an actor that
@@ -69,14 +75,16 @@ def node_files(target: Target) -> tuple[dict[str, str], dict[str, int]]:
     return files, sizes
 
 
-class RayLauncher:
+class RayLauncher(Launcher):
     name = "ray"
-    detaches = True  # actors keep running when the daemon exits (unless stop_targets_on_exit)
+    # Actors keep running when the daemon exits (unless stop_targets_on_exit); their GPUs
+    # are a node's, which Ray counts, not this machine's VRAM plan.
+    traits = LauncherTraits(detaches=True, local_gpus=False, section="ray")
 
     def __init__(self, settings: RaySettings, log_dir: Path, target_of: Callable[[str], Target],
                  emit: Callable[[str, str], None] | None = None,
                  max_bytes: int = 10 * 1024 * 1024, backups: int = 3,
-                 children: ChildRegistry | None = None) -> None:
+                 children: ChildBook | None = None) -> None:
         self.cluster = RayCluster(settings, children)
         self.settings = settings
         self.log_dir = log_dir
@@ -86,11 +94,37 @@ class RayLauncher:
         self._last_node: dict[str, str] = {}  # target -> the node it last ran on (described)
         self._suspect: dict[str, float] = {}  # node id -> when it lost an actor of ours
 
+    @classmethod
+    def from_context(cls, context: LauncherContext) -> RayLauncher:
+        settings = context.settings
+        return cls(settings.ray, context.log_dir, context.target_named, context.target_event,
+                   settings.log_max_bytes, settings.log_backups, context.children)
+
+    @classmethod
+    def check(cls, target: Target) -> list[Problem]:
+        if target.gpus == "all":
+            return [Problem(("gpus",), "gpus: all has no meaning on a Ray cluster; list as "
+                            "many indices as the target needs, such as [0, 1]")]
+        return []
+
+    @classmethod
+    def export_info(cls, target: Target) -> dict[str, Any]:
+        # Where the fleet file asks it to run, for a router that knows the nodes.
+        return {"ray_nodes": list(target.ray.nodes)} if target.ray.nodes else {}
+
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def sweep_orphans(self) -> list[str]:
-        return []  # actors are adopted or removed (remove_leftovers), never orphans
+    # Actors are not orphans to sweep: they are adopted, or removed by remove_leftovers.
+
+    async def prepare(self, fleet: Fleet) -> None:
+        """Connect when the fleet has targets on Ray, or names a cluster (whose actors of
+        targets removed from the file must be stopped)."""
+        if self.own_targets(fleet) or fleet.daemon.ray != RaySettings():
+            await self.cluster.connect()
+
+    async def close(self) -> None:
+        await self.cluster.close()
 
     def _node_lost(self, node_id: str) -> None:
         self._suspect[node_id] = time.monotonic()
@@ -197,14 +231,16 @@ class RayLauncher:
         return proc, (f"adopted {actor_name(name)} on node {proc.location['node']}, still "
                       f"running (pid {proc.pid})")
 
-    async def remove_leftovers(self, keep: set[str]) -> list[str]:
+    async def remove_leftovers(self, fleet: Fleet) -> list[str]:
         """Stop the actors of targets no longer run by Ray in the fleet file."""
-        await self.cluster.connect()
-        removed = []
+        if not self.cluster.connected:
+            return []  # prepare() found no use of Ray
+        keep, removed = self.own_targets(fleet), []
         for target in await self.cluster.our_actors():
             if target not in keep and (handle := await self.cluster.find_actor(target)):
                 await self.cluster.discard(handle)
-                removed.append(actor_name(target))
+                removed.append(f"stopped the Ray actor {actor_name(target)}: its target is no "
+                               "longer in the fleet file (or no longer uses launcher: ray)")
         return removed
 
 
@@ -221,3 +257,8 @@ def _is_this_machine(address: str) -> bool:
     if address.startswith("127.") or address == "::1":
         return True
     return any(a.address == address for addrs in psutil.net_if_addrs().values() for a in addrs)
+
+
+@hookimpl
+def register_launchers(register: Callable[[type], None]) -> None:
+    register(RayLauncher)

@@ -21,48 +21,45 @@ import shlex
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.atomicfile import write_text
-from supervisor.config.schema import Target
+from supervisor.config.schema import Fleet, Target
+from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
 from supervisor.launcher.container import command
 from supervisor.launcher.container.engine import Engine, EngineError, find_engine, image_facts
 from supervisor.launcher.container.engine import labels as labels_of
-from supervisor.launcher.process import OutputLog, die_with_parent, pump
-from supervisor.plugin.backend import LaunchSpec
+from supervisor.launcher.outputlog import OutputLog, pump
+from supervisor.launcher.process import die_with_parent
+from supervisor.launcher.running import TargetProcess
 from supervisor.plugin.executor import Executor
+from supervisor.plugin.hookspecs import hookimpl
+from supervisor.plugin.launching import Launcher, LauncherContext, LauncherTraits
+
+if TYPE_CHECKING:
+    from supervisor.plugin.values import LaunchSpec
 
 
-class ContainerProcess:
+class ContainerProcess(TargetProcess):
     """A running target container, as a RunningProcess: its output followed by `logs -f`
     (which ends when the container does), its exit read from `wait` and `inspect`."""
 
     def __init__(self, engine: Engine, container: str, pid: int,
                  follower: asyncio.subprocess.Process, log: OutputLog,
                  on_line: Callable[[str], None] | None) -> None:
+        super().__init__(pid, log)
         self.engine = engine
         self.container = container
-        self._pid = pid
         self._follower = follower
-        self._log = log
+        self._output = log
         self._on_line = on_line
-        self._returncode: int | None = None
         self._oom = False
-        self._tasks: set[asyncio.Task[None]] = set()
         self._exit = asyncio.create_task(self._reap(), name=f"reap:{container}")
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
 
     async def _pump(self) -> None:
         assert self._follower.stdout is not None
-        await pump(self._follower.stdout, self._log, self._on_line)
+        await pump(self._follower.stdout, self._output, self._on_line)
         await self._follower.wait()
 
     async def _reap(self) -> int:
@@ -81,14 +78,8 @@ class ContainerProcess:
             code, self._oom = (ended.returncode or 0), ended.oom_killed
         with contextlib.suppress(EngineError):
             await self.engine.remove(self.container)
-        self._returncode = code
-        self._log.write(f"--- specfleet: container {self.container} (pid {self.pid}) exited "
-                        f"with status {code} ---", keep=False)
-        self._log.close()
-        return code
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
+        return self._ended(code, f"container {self.container} (pid {self.pid}) exited with "
+                                 f"status {code}")
 
     async def stop(self, grace: float) -> int:
         if self._returncode is None:
@@ -108,24 +99,21 @@ class ContainerProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self._pid, signal.SIGKILL)
                 return
-        task = asyncio.create_task(self._engine_kill(), name=f"kill:{self.container}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background(self._engine_kill(), f"kill:{self.container}")
 
     async def _engine_kill(self) -> None:
         with contextlib.suppress(EngineError):
             await self.engine.run("kill", self.container)
 
-    def output_tail(self, lines: int = 20) -> str:
-        return "\n".join(list(self._log.tail)[-lines:])
-
     def oom_killed(self) -> bool:
         return self._oom
 
 
-class ContainerLauncher:
+class ContainerLauncher(Launcher):
     name = "container"
-    detaches = True  # containers keep running when the daemon exits; adopted at its return
+    # Containers keep running when the daemon exits and are adopted at its return; the
+    # runtime's executable is the image's.
+    traits = LauncherTraits(detaches=True, in_image=True, section="container")
 
     def __init__(self, log_dir: Path, state_dir: Path, target_named: Callable[[str], Target],
                  max_bytes: int = 10 * 1024 * 1024, backups: int = 3) -> None:
@@ -137,6 +125,19 @@ class ContainerLauncher:
         self.backups = backups
         self._engines: dict[str, Engine] = {}
 
+    @classmethod
+    def from_context(cls, context: LauncherContext) -> ContainerLauncher:
+        settings = context.settings
+        return cls(context.log_dir, context.state_dir, context.target_named,
+                   settings.log_max_bytes, settings.log_backups)
+
+    @classmethod
+    def check(cls, target: Target) -> list[Problem]:
+        if target.container.image is None:
+            return [Problem(("container", "image"), "launcher: container needs the image "
+                            "that holds the runtime, such as ghcr.io/ggml-org/llama.cpp:server")]
+        return []
+
     def engine(self, wanted: str) -> Engine:
         name = find_engine(wanted)
         return self._engines.setdefault(name, Engine(name))
@@ -144,8 +145,7 @@ class ContainerLauncher:
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def sweep_orphans(self) -> list[str]:
-        return []  # containers are adopted or removed (remove_leftovers), never orphans
+    # Containers are not orphans to sweep: they are adopted, or removed by remove_leftovers.
 
     def container_run(self, name: str, spec: LaunchSpec | None = None,
                       ) -> tuple[Engine, command.ContainerRun, dict[str, str]]:
@@ -246,8 +246,27 @@ class ContainerLauncher:
                       "fleet file or a tuning decision changed while specfleet was down): "
                       "replaced")
 
-    async def remove_leftovers(self, keep: set[str], wanted: str = "auto") -> list[str]:
-        """Remove this daemon's containers whose target is no longer in the fleet file."""
+    async def remove_leftovers(self, fleet: Fleet) -> list[str]:
+        """Containers this daemon (this state dir) started for targets no longer in the
+        file, with every engine the fleet names (`auto` when none: the one installed). Only
+        where containers ran from this state dir: a daemon without any never asks an engine."""
+        keep = self.own_targets(fleet)
+        if not keep and not self.env_dir.exists():
+            return []
+        engines = {fleet.targets[n].container.engine for n in keep} or {"auto"}
+        said = []
+        for engine in sorted(engines):
+            try:
+                removed = await self._remove_containers(keep, engine)
+            except SpecfleetError as exc:  # a broken engine must not stop the other targets
+                said.append(f"could not look for leftover containers: {exc}")
+                continue
+            said += [f"removed the container {name}: its target is no longer in the fleet "
+                     "file (or no longer uses launcher: container)" for name in removed]
+        return said
+
+    async def _remove_containers(self, keep: set[str], wanted: str) -> list[str]:
+        """Remove this daemon's containers, by `wanted`'s engine, whose target is not kept."""
         try:
             engine = self.engine(wanted)
         except SpecfleetError:
@@ -263,3 +282,8 @@ class ContainerLauncher:
                 (self.env_dir / f"{target}.env").unlink()
             removed.append(container)
         return removed
+
+
+@hookimpl
+def register_launchers(register: Callable[[type], None]) -> None:
+    register(ContainerLauncher)

@@ -1,0 +1,69 @@
+"""The daemon's record of the processes it started on this machine, for the orphan sweep:
+a daemon that starts after an unclean death kills any recorded process group that is
+still alive (same pid and start time, so a recycled pid is never hit)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import psutil
+
+from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json
+
+
+class ChildRegistry:
+    """pids of running children in <state_dir>/children.json, for the orphan sweep. The
+    daemon's view is kept here and the file rewritten from it: a write that fails (a full
+    disk) is reported to `report`, never raised, and catches up when retried."""
+
+    def __init__(self, path: Path, report: StateReport = LOG_ONLY) -> None:
+        self.path = path
+        self.report = report
+        self._data: dict[str, dict[str, float]] | None = None
+
+    def _read(self) -> dict[str, dict[str, float]]:
+        if self._data is None:
+            self._data = read_state(self.path, self.report)
+        return self._data
+
+    def _write(self, data: dict[str, dict[str, float]]) -> None:
+        self._data = data
+        self.report.attempt(self.path.name, lambda: write_json(self.path, self._data))
+
+    def add(self, name: str, pid: int) -> None:
+        data = self._read()
+        with contextlib.suppress(psutil.Error):
+            data[name] = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+            self._write(data)
+
+    def remove(self, name: str, pid: int) -> None:
+        data = self._read()
+        if data.get(name, {}).get("pid") == pid:
+            del data[name]
+            self._write(data)
+
+    def sweep(self) -> list[str]:
+        killed = []
+        for name, entry in self._read().items():
+            try:
+                proc = psutil.Process(int(entry["pid"]))
+                if abs(proc.create_time() - float(entry["create_time"])) > 0.01:
+                    continue  # the pid was recycled: not ours
+                _kill(proc.pid)
+                killed.append(f"{name} (pid {proc.pid})")
+            except (psutil.Error, ProcessLookupError, KeyError, ValueError, TypeError):
+                continue
+        self._write({})
+        return killed
+
+
+def _kill(pid: int) -> None:
+    """A runtime with its process group (it leads one); a process of a private Ray cluster,
+    which leads none, alone."""
+    if os.getpgid(pid) == pid:
+        os.killpg(pid, signal.SIGKILL)
+    else:
+        os.kill(pid, signal.SIGKILL)
