@@ -20,7 +20,7 @@ from prometheus_client.core import (
 
 from supervisor import __version__
 from supervisor.api.fleetview import FleetView
-from supervisor.supervision.states import SERVING, State
+from supervisor.supervision.states import State, is_live
 
 LABELS = ["target", "backend"]
 # Reasons exported as 0 before they first happen, so that increase() and alerts see the
@@ -73,7 +73,7 @@ class FleetCollector:
             labels = [t["name"], t["backend"]]
             for s in State:
                 state.add_metric([*labels, s.value], 1.0 if t["state"] == s.value else 0.0)
-            ready.add_metric(labels, 1.0 if t["state"] in SERVING else 0.0)
+            ready.add_metric(labels, 1.0 if is_live(t["state"]) else 0.0)
             restarts.add_metric(labels, t["restarts"])
             for reason, count in _restarts_by_reason(t).items():
                 by_reason.add_metric([*labels, reason], count)

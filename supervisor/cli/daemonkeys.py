@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from supervisor.config.keyread import read_key
 from supervisor.config.paths import default_state_dir
 from supervisor.config.yamlsource import expand_env
+from supervisor.errors import SpecfleetError
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ def _text(value: Any) -> str | None:
 
 
 def _token(source: Any) -> tuple[bool, str | None]:
-    """(understood, token) for `daemon.api_token`."""
+    """(understood, token) for `daemon.api_token`, read as the daemon reads it (ApiKey);
+    an unset variable or an unreadable file is "" (fail closed)."""
     if source is None:
         return True, None
     if not isinstance(source, dict) or len(source) != 1:
@@ -46,11 +49,10 @@ def _token(source: Any) -> tuple[bool, str | None]:
     where = _text(name)
     if where is None or kind not in ("env", "file"):
         return False, None
-    if kind == "env":
-        return True, os.environ.get(where, "")
     try:
-        return True, Path(where).expanduser().read_text().strip()
-    except OSError:
+        return True, read_key(where if kind == "env" else None, where if kind == "file" else None,
+                              "daemon.api_token")
+    except SpecfleetError:
         return True, ""
 
 

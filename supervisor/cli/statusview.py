@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from supervisor.config.measures import format_duration
-from supervisor.supervision.states import SERVING
+from supervisor.supervision.states import is_live
 
 
 def _uptime(target: dict[str, Any], now: float) -> str:
@@ -45,11 +45,7 @@ def _speculation(target: dict[str, Any]) -> str:
 
 
 def _live(target: dict[str, Any]) -> bool:
-    """Only in the serving states does the status describe the process that runs now. In
-    any other the `shown` quantities and the resources may still be the previous process's
-    (a target one second into loading with a new pid, a failed target without a process):
-    the views show "-" for them, decided by the state alone, not by guessing freshness."""
-    return target.get("state") in SERVING
+    return is_live(target.get("state"))
 
 
 def _acceptance(target: dict[str, Any]) -> str:

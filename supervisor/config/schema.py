@@ -7,20 +7,19 @@ and new definition with `==` and restart only what changed.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from supervisor.config.containersettings import ContainerSettings
+from supervisor.config.keyread import read_key
 from supervisor.config.measures import parse_duration, parse_fraction, parse_size
 from supervisor.config.ondemandsettings import LoadingDefaults, LoadingKeys
 from supervisor.config.paths import default_state_dir
 from supervisor.config.raysettings import RayPlacement, RaySettings
 from supervisor.config.scalars import env_name
 from supervisor.config.strict import Strict as _Strict
-from supervisor.errors import SpecfleetError
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0, le=1)]
@@ -117,17 +116,8 @@ class ApiKey(_Strict):
         return self
 
     def read(self, where: str) -> str:
-        """The secret itself; `where` names the setting in the message when it is missing.
-        Read on every use, so a rotated key file takes effect without a restart."""
-        if self.env is not None:
-            value = os.environ.get(self.env)
-            if value is None:
-                raise SpecfleetError(f"{where}.env names {self.env}, which is not set")
-            return value
-        try:
-            return Path(str(self.file)).expanduser().read_text().strip()
-        except OSError as exc:
-            raise SpecfleetError(f"cannot read {where}.file {self.file}: {exc.strerror}") from exc
+        """The secret itself (config/keyread.py); `where` names the setting in messages."""
+        return read_key(self.env, self.file, where)
 
 
 class Restart(_Strict):

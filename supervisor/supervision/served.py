@@ -18,7 +18,7 @@ from supervisor.plugin.backend import Backend
 from supervisor.plugin.launching import RunningProcess
 from supervisor.supervision.commands import Command
 from supervisor.supervision.requests import ProxyRequests
-from supervisor.supervision.states import SERVING, State
+from supervisor.supervision.states import State, is_live
 
 
 class ServedTargetMixin:
@@ -41,7 +41,7 @@ class ServedTargetMixin:
 
     @property
     def serving(self) -> bool:
-        return self.state in SERVING
+        return is_live(self.state)
 
     @property
     def base_url(self) -> str:

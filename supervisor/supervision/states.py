@@ -21,6 +21,14 @@ class State(enum.StrEnum):
 # States in which the runtime takes requests (degraded: its probes fail, it still answers).
 SERVING = frozenset({State.READY, State.DEGRADED})
 
+
+def is_live(state: object) -> bool:
+    """The one rule of every view: only a serving target's status describes the process that
+    runs now. In any other state its rates and resources may still be the previous
+    process's (a target one second into loading with a new pid, a failed target without a
+    process), so they are not shown: decided by the state alone, not by guessing freshness."""
+    return state in SERVING
+
 ALLOWED: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset({State.STARTING, State.UNLOADED}),
     State.STARTING: frozenset({State.LOADING, State.FAILED}),  # start-up failures are final

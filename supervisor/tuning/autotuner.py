@@ -19,11 +19,11 @@ from supervisor.config.schema import Target
 from supervisor.models.identity import file_identity
 from supervisor.plugin.backend import LENGTHS_BY_LOAD, Backend, MetricsSample, RuntimeInfo
 from supervisor.tuning.by_load import judge_table, tabulate
-from supervisor.tuning.decisions import Bounds, Decision, plan
+from supervisor.tuning.decisions import Action, Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
-from supervisor.tuning.quantities import rounded
+from supervisor.tuning.numbers import rounded
 from supervisor.tuning.regimes import recall, remember, setting_key
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
 from supervisor.tuning.variants import allowed_variants, search
@@ -31,7 +31,8 @@ from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
 # Decisions that judged the window at the setting in effect (its acceptance describes it).
-EVALUATIONS = frozenset({"keep", "retune", "explore", "disable", "variant"})
+EVALUATIONS = frozenset({Action.KEEP, Action.RETUNE, Action.EXPLORE, Action.DISABLE,
+                         Action.VARIANT})
 
 
 class AutoTuner:
@@ -173,7 +174,7 @@ class AutoTuner:
             self._leave_regime(now)
         if self._pending is None and self._cold_tokens <= 0:
             decision = self._decide(now)
-            if decision is not None and decision.action == "keep":
+            if decision is not None and decision.action == Action.KEEP:
                 self._remember(decision.memory)  # a measurement, no restart
             elif decision is not None:
                 self._pending, self._pending_since = decision, self.clock()

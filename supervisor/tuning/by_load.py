@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from supervisor.config.schema import Tuning
-from supervisor.tuning.decisions import Decision
+from supervisor.tuning.decisions import Action, Decision
 from supervisor.tuning.mix import Summary, judge, lengths_by_load, over_mix, table_speedup
 from supervisor.tuning.store import OFF, TunerMemory
 
@@ -57,7 +57,7 @@ def tabulate(decision: Decision | None, supported: bool, settings: Tuning,
             "predicted_gain": round(gain, 3)}
     memory = replace(decision.memory, lengths_by_load=table, last_change=now,
                      last_decision=data)
-    return Decision("by-load", memory,
+    return Decision(Action.BY_LOAD, memory,
                     f"draft length by load ({describe(table)}): predicted {predicted:.2f}x "
                     f"over the observed mix vs {current:.2f}x at length "
                     f"{decision.data.get('old_length')} (+{gain:.0%})", data)
@@ -68,7 +68,7 @@ def judge_table(memory: TunerMemory, drafts: int, settings: Tuning, now: float, 
     """While a table runs: back to one length on a drift, off when it no longer pays."""
     table = memory.lengths_by_load
     if drift:
-        return Decision("retune", replace(memory, lengths_by_load={}, measured={},
+        return Decision(Action.RETUNE, replace(memory, lengths_by_load={}, measured={},
                                           rejected_tables=[], last_change=now),
                         f"acceptance drifted: leaving the lengths by load ({describe(table)}) "
                         "for one length, measured afresh", {"lengths_by_load": {}})
@@ -87,7 +87,7 @@ def judge_table(memory: TunerMemory, drafts: int, settings: Tuning, now: float, 
             and singles[best] >= 1.0 + settings.off_margin:
         data = {**data, "old_length": memory.length, "new_length": best,
                 "single_speedup": round(singles[best], 3)}
-        return Decision("retune", replace(memory, lengths_by_load={}, length=best,
+        return Decision(Action.RETUNE, replace(memory, lengths_by_load={}, length=best,
                                           rejected_tables=[*memory.rejected_tables, table],
                                           last_change=now, last_decision=data),
                         f"the lengths by load ({describe(table)}) measured {mix.speedup:.2f}x "
@@ -95,7 +95,7 @@ def judge_table(memory: TunerMemory, drafts: int, settings: Tuning, now: float, 
                         "on the same mix: back to one length", data)
     if mix.speedup >= 1.0 + settings.off_margin:
         return None
-    return Decision("disable", replace(memory, phase=OFF, lengths_by_load={}, last_change=now,
+    return Decision(Action.DISABLE, replace(memory, phase=OFF, lengths_by_load={}, last_change=now,
                                        last_decision=data),
                     f"speculation does not pay: the lengths by load ({describe(table)}) give "
                     f"{mix.speedup:.2f}x over the observed mix, under the "

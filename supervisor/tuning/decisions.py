@@ -25,11 +25,13 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from supervisor.config.schema import Tuning
 from supervisor.tuning.mix import MixJudgement, Summary, judge, over_mix
+from supervisor.tuning.numbers import rounded
 from supervisor.tuning.speedup import Choice, Evidence, Measurement, choose, measurement, split_of
 from supervisor.tuning.store import BASELINE, OFF, SPECULATING, TunerMemory
 from supervisor.tuning.window import WindowStats
@@ -42,9 +44,24 @@ SEARCH_LIMIT = 3
 REPROBE_DOUBLINGS = 3
 
 
+class Action(enum.StrEnum):
+    """What a decision does. Every action but KEEP restarts the runtime with the memory's
+    setting (a str, so that events and tuning.json carry the plain word)."""
+
+    BASELINE = "baseline"  # speculation off for a while, to measure throughput without it
+    RESTORE = "restore"  # the baseline is measured: speculation back on
+    RETUNE = "retune"  # another draft length, chosen from what was measured
+    EXPLORE = "explore"  # a length not measured yet, to learn what it gives
+    DISABLE = "disable"  # speculation does not pay: off, re-probed later
+    ENABLE = "enable"  # the re-probe after a time off
+    VARIANT = "variant"  # another n-gram variant (tuning/variants.py)
+    BY_LOAD = "by-load"  # draft lengths by requests running (tuning/by_load.py)
+    KEEP = "keep"  # the setting in effect stays: no restart
+
+
 @dataclass(frozen=True)
 class Decision:
-    action: str  # baseline | restore | retune | explore | disable | enable | keep (no restart)
+    action: Action
     memory: TunerMemory  # the memory once the decision is applied
     reason: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -56,10 +73,6 @@ class Bounds:
     low: int
     high: int
     tunable: bool  # False: only on/off (e.g. ngram-cache)
-
-
-def _r(x: float | None, n: int = 3) -> float | None:
-    return None if x is None else round(x, n)
 
 
 def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
@@ -75,7 +88,7 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
         wait = reprobe_wait(memory, settings)
         if memory.last_change is not None and now - memory.last_change < wait:
             return None
-        return Decision("enable", replace(memory, phase=SPECULATING, last_change=now),
+        return Decision(Action.ENABLE, replace(memory, phase=SPECULATING, last_change=now),
                         f"re-probing speculation at length {bounds.current} after "
                         f"{wait:g}s off", {"length": bounds.current, "waited_off_s": wait})
     if memory.baseline_tps is None:
@@ -85,7 +98,7 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
                 stats.drafts < settings.min_steps and stats.tokens < 4 * settings.min_tokens):
             return None
         before = {**asdict(stats), "load": {b: list(v) for b, v in load.items()}}
-        return Decision("baseline", replace(memory, phase=BASELINE, last_change=now,
+        return Decision(Action.BASELINE, replace(memory, phase=BASELINE, last_change=now,
                                             before_baseline=before),
                         "no baseline for this model and runtime yet: measuring throughput "
                         f"without speculation for {settings.min_tokens} tokens",
@@ -112,21 +125,21 @@ def _baseline_done(memory: TunerMemory, stats: WindowStats, settings: Tuning, bo
     memory = replace(memory, phase=SPECULATING, baseline_tps=tps, last_change=now,
                      before_baseline=None, baseline_by_load=by_load)
     said = f"baseline measured: {tps:.1f} tokens/s without speculation over {stats.tokens} tokens"
-    data = {"baseline_tps": _r(tps), "baseline_evidence": stats.to_dict(),
-            "baseline_by_load": {b: _r(t, 2) for b, t in by_load.items()}}
+    data = {"baseline_tps": rounded(tps, 3), "baseline_evidence": stats.to_dict(),
+            "baseline_by_load": {b: rounded(t, 2) for b, t in by_load.items()}}
     before = _usable_window(raw_before, settings)
     if before is not None:
         before_load = {b: (int(n), float(t))
                        for b, (n, t) in (raw_before or {}).get("load", {}).items()}
         verdict = evaluate(memory, before, settings, bounds, now, False, before_load)
-        if verdict.action == "disable":
-            return Decision("disable", verdict.memory, f"{said}; {verdict.reason}",
+        if verdict.action == Action.DISABLE:
+            return Decision(Action.DISABLE, verdict.memory, f"{said}; {verdict.reason}",
                             {**verdict.data, **data})
-        if verdict.action in ("retune", "explore"):
-            return Decision("restore", verdict.memory, f"{said}; speculation back on: "
+        if verdict.action in (Action.RETUNE, Action.EXPLORE):
+            return Decision(Action.RESTORE, verdict.memory, f"{said}; speculation back on: "
                             f"{verdict.reason}", {**verdict.data, **data})
         memory = verdict.memory  # keeps the measurement
-    return Decision("restore", memory, f"{said}; speculation back on at length {bounds.current}",
+    return Decision(Action.RESTORE, memory, f"{said}; speculation back on at length {bounds.current}",
                     {**data, "length": bounds.current})
 
 
@@ -137,6 +150,21 @@ def _usable_window(raw: dict[str, Any] | None, settings: Tuning) -> WindowStats 
     raw = {k: v for k, v in raw.items() if k != "load"}
     stats = WindowStats(**{**raw, "per_position_rate": tuple(raw.get("per_position_rate", ()))})
     return stats if stats.drafts >= settings.min_steps and stats.tokens_per_second else None
+
+
+def _judged(choice: Choice, bounds: Bounds, memory: TunerMemory, split_here: bool,
+            drift: bool, so_far: dict[int, Measurement], stats: WindowStats) -> dict[str, Any]:
+    """What an evaluation found, as its decision's data (events, tuning.json, the page)."""
+    return {"old_length": bounds.current, "new_length": choice.length,
+            "measured_speedup": rounded(choice.current_speedup, 3),
+            "predicted_speedup": rounded(choice.predicted_speedup, 3),
+            "predicted_gain": rounded(choice.gain, 3), "draft_cost": rounded(choice.draft_cost, 3),
+            "step_overhead": rounded(choice.overhead, 3), "decay": rounded(choice.decay, 3),
+            "cost_split_from": "this regime" if split_here else (
+                "earlier fit" if memory.cost_split else None),
+            "baseline_tps": rounded(memory.baseline_tps, 3), "drift": drift,
+            "measured": {str(k): rounded(v.speedup, 3) for k, v in sorted(so_far.items())},
+            "evidence": stats.to_dict()}
 
 
 def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
@@ -158,45 +186,36 @@ def evaluate(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: 
     split = split_of(list(so_far.values()))
     memory = replace(memory, measured=measured,
                      cost_split=[round(x, 6) for x in split] if split else memory.cost_split)
-    data = {"old_length": bounds.current, "new_length": choice.length,
-            "measured_speedup": _r(choice.current_speedup),
-            "predicted_speedup": _r(choice.predicted_speedup),
-            "predicted_gain": _r(choice.gain), "draft_cost": _r(choice.draft_cost),
-            "step_overhead": _r(choice.overhead), "decay": _r(choice.decay),
-            "cost_split_from": "this regime" if split else (
-                "earlier fit" if memory.cost_split else None),
-            "baseline_tps": _r(memory.baseline_tps), "drift": drift,
-            "measured": {str(k): _r(v.speedup) for k, v in
-                         sorted(so_far.items())},
-            "evidence": stats.to_dict()}
+    data = _judged(choice, bounds, memory, bool(split), drift, so_far, stats)
     if mix is not None:
         data["by_load"] = mix.to_dict()
     if choice.length is None:
         best = max(choice.predictions.values())
         off = replace(memory, phase=OFF, last_change=now, last_decision=data,
                       disables=memory.disables + 1)
-        return Decision("disable", off,
+        return Decision(Action.DISABLE, off,
                         f"speculation does not pay: {choice.current_speedup:.2f}x at length "
                         f"{bounds.current} and at best {best:.2f}x predicted within "
                         f"[{low}, {high}], under the {settings.off_margin:.0%} margin; "
                         "turning it off", data)
     memory = replace(memory, disables=0)  # speculation pays: the re-probe wait starts over
     if choice.length != bounds.current and choice.gain >= settings.min_gain:
-        return Decision("retune", replace(memory, length=choice.length, last_change=now,
-                                          last_decision=data),
+        return Decision(Action.RETUNE, replace(memory, length=choice.length, last_change=now,
+                                               last_decision=data),
                         f"draft length {bounds.current} -> {choice.length}: predicted "
                         f"{choice.predicted_speedup:.2f}x vs {choice.current_speedup:.2f}x now "
                         f"(+{choice.gain:.0%}) over {stats.drafts} verification steps", data)
     target, predicted, said = _explore(choice, len(measured), bounds.current, settings,
                                        memory.cost_split is not None)
     if said is not None and target is not None:
-        data = {**data, "new_length": target, "predicted_gain": _r(predicted),
-                "predicted_speedup": _r(choice.predictions.get(target, choice.probe_speedup))}
-        return Decision("explore", replace(memory, length=target, last_change=now,
-                                           last_decision=data),
+        data = {**data, "new_length": target, "predicted_gain": rounded(predicted, 3),
+                "predicted_speedup": rounded(
+                    choice.predictions.get(target, choice.probe_speedup), 3)}
+        return Decision(Action.EXPLORE, replace(memory, length=target, last_change=now,
+                                                last_decision=data),
                         f"draft length {bounds.current} -> {target} to measure it: {said}",
                         data)
-    return Decision("keep", replace(memory, last_decision=data),
+    return Decision(Action.KEEP, replace(memory, last_decision=data),
                     f"keeping draft length {bounds.current}: {choice.current_speedup:.2f}x "
                     f"measured, best alternative {choice.predicted_speedup:.2f}x", data)
 

@@ -14,12 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.plugin.backend import MetricsSample
+from supervisor.tuning.numbers import rounded
 from supervisor.tuning.window import WindowStats
-
-
-def rounded(x: float | None, digits: int = 4) -> float | None:
-    """x to `digits` places, None kept (for the numbers specfleet shows)."""
-    return None if x is None else round(x, digits)
 
 
 def shown(window: WindowStats | None, counters: MetricsSample | None, *, method: str,

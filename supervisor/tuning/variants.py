@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from supervisor.config.schema import Tuning
-from supervisor.tuning.decisions import Decision
+from supervisor.tuning.decisions import Action, Decision
 from supervisor.tuning.store import SPECULATING
 
 
@@ -46,7 +46,7 @@ def search(decision: Decision | None, variant: str, allowed: tuple[str, ...],
     # Only allowed variants count: the fleet file may have narrowed the list since.
     results = {v: r for v, r in decision.memory.variants.items() if v in allowed}
     results[variant] = {"length": data.get("old_length"), "speedup": data["measured_speedup"]}
-    verdict = "does not pay" if decision.action == "disable" else "settled"
+    verdict = "does not pay" if decision.action == Action.DISABLE else "settled"
     said = (f"n-gram variant {variant} {verdict} at length {data.get('old_length')} "
             f"({data['measured_speedup']:.2f}x)")
     untried = [v for v in allowed if v not in results]
@@ -59,7 +59,7 @@ def search(decision: Decision | None, variant: str, allowed: tuple[str, ...],
     # for one ahead by min_gain (or when it does not pay). Without the margin, two variants
     # within noise of each other took turns (tuner_phases run 9: mod 2.32x / simple 2.24x,
     # then mod 2.14x: a switch at each measurement).
-    ahead = (decision.action == "disable" or results[best]["speedup"]
+    ahead = (decision.action == Action.DISABLE or results[best]["speedup"]
              >= results[variant]["speedup"] * (1.0 + settings.min_gain))
     if best != variant and pays and ahead:
         return _switch(decision, variant, best, results[best]["length"], results, now,
@@ -75,7 +75,7 @@ def _switch(decision: Decision, old: str, new: str, length: int | None,
                      measured={}, variants=results, last_change=now)
     data = {**decision.data, "old_variant": old, "new_variant": new, "variants": results}
     memory = replace(memory, last_decision=data)
-    return Decision("variant", memory, reason, data)
+    return Decision(Action.VARIANT, memory, reason, data)
 
 
 def _measured(results: dict[str, dict[str, Any]]) -> str:

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from supervisor.plugin.backend import MetricsSample
+from supervisor.tuning.numbers import rounded
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,14 @@ class WindowStats:
         return self.draft_tokens / self.drafts if self.drafts else None
 
     def to_dict(self) -> dict[str, object]:
-        def r(x: float | None) -> float | None:
-            return None if x is None else round(x, 4)
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens,
                 "accepted": self.accepted, "tokens": self.tokens,
-                "seconds": round(self.seconds, 3), "acceptance_rate": r(self.acceptance_rate),
-                "accepted_per_draft": r(self.accepted_per_draft),
-                "tokens_per_second": r(self.tokens_per_second),
-                "draft_fraction": r(self.draft_fraction),
-                "per_position_rate": [round(p, 4) for p in self.per_position_rate]}
+                "seconds": round(self.seconds, 3),
+                "acceptance_rate": rounded(self.acceptance_rate),
+                "accepted_per_draft": rounded(self.accepted_per_draft),
+                "tokens_per_second": rounded(self.tokens_per_second),
+                "draft_fraction": rounded(self.draft_fraction),
+                "per_position_rate": [rounded(p) for p in self.per_position_rate]}
 
 
 def _minus(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
