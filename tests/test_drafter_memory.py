@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from plugins.llamacpp.backend import LlamaCppBackend, method_args
+from plugins.llamacpp.backend import LlamaCppBackend
+from plugins.llamacpp.flags import method_args
 from supervisor.config.schema import Target
 from tests.conftest import free_port, post_json, wait_for
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.llamacpp.backend import LlamaCppBackend, check_help_text, method_args, parse_metrics
+from plugins.llamacpp.backend import LlamaCppBackend
+from plugins.llamacpp.flags import check_help_text, method_args
+from plugins.llamacpp.metrics import parse_metrics
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.plugin.backend import FailureKind

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from plugins.vllm import VllmBackend
-from plugins.vllm.backend import MAX_BATCH
 from plugins.vllm.entrypoint import ENTRY_MODULE, entry_point, installed, shebang_interpreter
+from plugins.vllm.flags import MAX_BATCH
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.plugin import LENGTHS_BY_LOAD

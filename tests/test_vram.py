@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins.llamacpp.backend import LlamaCppBackend, context_settings
+from plugins.llamacpp.backend import LlamaCppBackend
+from plugins.llamacpp.flags import context_settings
 from supervisor.cli.main import main
 from supervisor.config.schema import Target
 from supervisor.gpu import nvml as gpus

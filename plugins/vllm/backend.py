@@ -24,12 +24,21 @@ import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from plugins.vllm.entrypoint import EntryPoint, installed, venv_python
 from plugins.vllm.entrypoint import entry_point as entry_point_of
+from plugins.vllm.flags import (
+    DEFAULT_LENGTH,
+    DRAFT_FLAGS,
+    MANAGED_FLAGS,
+    OPTIONS,
+    flag_int,
+    looks_local,
+    speculative_config,
+)
+from plugins.vllm.metrics import parse_metrics
 from plugins.vllm.provision import cached_vllm_python
 from supervisor.plugin import (
     LENGTHS_BY_LOAD,
@@ -49,31 +58,12 @@ from supervisor.plugin import (
     RuntimeInfo,
     SpecfleetError,
     Target,
-    dense_positions,
     find_out_of_memory,
-    parse_prometheus,
     read_model_facts,
 )
 
-# Our method names -> vLLM's SpeculativeConfig.method.
-METHOD = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
-          "dflash": "dflash", "ngram": "ngram", "suffix": "suffix"}
-# num_speculative_tokens when length.start is unset (vLLM requires it for most methods).
-DEFAULT_LENGTH = {"draft": 5, "eagle": 3, "eagle3": 3, "dflash": 5, "mtp": 1, "ngram": 5,
-                  "suffix": 24}
-OPTIONS: dict[str, tuple[type, ...]] = {
-    "prompt_lookup_min": (int,), "prompt_lookup_max": (int,),
-    "draft_tensor_parallel_size": (int,), "served_model_name": (str,)}
-MANAGED_FLAGS = {
-    "--host": "host:", "--port": "port:", "--speculative-config": "speculation:",
-    "--spec-method": "speculation.method:", "--spec-model": "speculation.draft:",
-    "--spec-tokens": "speculation.length:", "--api-key": "api_key:",
-    "--served-model-name": "options.served_model_name:",
-    "--gpu-memory-utilization": "the VRAM planner (daemon.gpu)",
-}
 # vLLM's own allowance beyond weights and KV: CUDA graphs, activations, the CUDA context.
 RUNTIME_ALLOWANCE = 2 * GiB
-
 _MISSING_MODEL = re.compile(
     r"[^\n]*(?:is not a local folder and is not a valid model identifier|"
     r"Repository Not Found|RepositoryNotFoundError|does not appear to have a file named "
@@ -84,48 +74,7 @@ _DRAFT_KV_GROUPS = re.compile(r"[^\n]*All drafting layers should belong to the s
                               r"group[^\n]*")
 _ENGINE_DEAD = re.compile(r"[^\n]*(?:EngineCore encountered a fatal error|died unexpectedly|"
                           r"EngineDeadError)[^\n]*")
-# vLLM refuses a separate draft model with its hybrid KV cache manager on models that mix
-# attention kinds (Gemma 3's sliding-window layers): "All drafting layers should belong to
-# the same kv cache group". The flag is a no-op for models that do not mix them.
-DRAFT_FLAGS = ("--disable-hybrid-kv-cache-manager",)
 _ADDRESS_IN_USE = re.compile(r"[^\n]*(?:Address already in use|address already in use)[^\n]*")
-
-
-def _looks_local(ref: str) -> bool:
-    return ref.startswith(("/", ".", "~"))
-
-
-# The top of an open-ended range of requests running (vLLM clamps it to max_num_seqs).
-MAX_BATCH = 4096
-
-
-def speculative_config(target: Target, draft_length: int | None,
-                       by_load: list[tuple[int, int | None, int]] | None = None
-                       ) -> dict[str, Any] | None:
-    """The `--speculative-config` JSON object for a target; pure, so every method is tested.
-    `by_load`: draft lengths by requests running (num_speculative_tokens_per_batch_size;
-    num_speculative_tokens is then the longest, the most the engine allocates for)."""
-    spec = target.speculation
-    if spec.method == "none":
-        return None
-    n = draft_length if draft_length is not None else (
-        spec.length.start if spec.length.start is not None else DEFAULT_LENGTH[spec.method])
-    config: dict[str, Any] = {"method": METHOD[spec.method], "num_speculative_tokens": n}
-    if by_load:
-        config["num_speculative_tokens"] = max(k for _, _, k in by_load)
-        config["num_speculative_tokens_per_batch_size"] = [
-            [low, high or MAX_BATCH, k] for low, high, k in by_load]
-    if spec.draft:
-        config["model"] = str(Path(spec.draft).expanduser()) if _looks_local(spec.draft) \
-            else spec.draft
-    opts = target.options
-    if spec.method == "ngram":
-        config["prompt_lookup_min"] = opts.get("prompt_lookup_min", 2)
-        config["prompt_lookup_max"] = opts.get("prompt_lookup_max", 5)
-    if "draft_tensor_parallel_size" in opts and spec.method in ("draft", "eagle", "eagle3",
-                                                                 "dflash"):
-        config["draft_tensor_parallel_size"] = opts["draft_tensor_parallel_size"]
-    return config
 
 
 class VllmBackend(Backend):
@@ -151,7 +100,7 @@ class VllmBackend(Backend):
                           (("speculation", "draft"), target.speculation.draft)):
             if not ref:
                 continue
-            if _looks_local(ref):
+            if looks_local(ref):
                 if not Path(ref).expanduser().exists():
                     problems.append(Problem(path, f"{ref!r} does not exist"))
             else:
@@ -233,7 +182,7 @@ class VllmBackend(Backend):
     def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
                     placement: Assignment | None = None) -> LaunchSpec:
         t = self.target
-        model = str(Path(t.model).expanduser()) if _looks_local(t.model) else t.model
+        model = str(Path(t.model).expanduser()) if looks_local(t.model) else t.model
         argv = [*self.entry_point().command(model), "--host", t.host, "--port", str(t.port),
                 "--served-model-name", self.served_name]
         config = (speculative_config(t, draft_length, list(self.lengths_by_load))
@@ -283,7 +232,7 @@ class VllmBackend(Backend):
         if "model" not in files or not Path(files["model"]).is_dir():
             return None
         facts = read_model_facts(files["model"])
-        max_len = _flag_int(self.target.args, "--max-model-len") or facts.context_length or 4096
+        max_len = flag_int(self.target.args, "--max-model-len") or facts.context_length or 4096
         kv = _kv_bytes(facts, max_len)
         # On CPU, vLLM allocates exactly VLLM_CPU_KVCACHE_SPACE GiB of KV cache when it is set.
         if not on_gpu and (space := self.target.env.get("VLLM_CPU_KVCACHE_SPACE", "")).isdigit():
@@ -345,36 +294,6 @@ class VllmBackend(Backend):
         if m := _ENGINE_DEAD.search(output_tail):
             return Failure(FailureKind.CRASH, f"the vLLM engine died: {m.group(0).strip()}")
         return None
-
-
-def parse_metrics(text: str) -> MetricsSample:
-    """vLLM's /metrics: counters per engine (label `engine`), summed over engines."""
-    s = parse_prometheus(text)
-    started = s.by_name.get("process_start_time_seconds")
-    tokens = s.total("vllm:request_generation_tokens_sum") if \
-        "vllm:request_generation_tokens_sum" in s else s.total("vllm:generation_tokens_total")
-    return MetricsSample(
-        process_start=min(v for _, v in started) if started else None,
-        drafts=int(s.total("vllm:spec_decode_num_drafts_total")),
-        draft_tokens=int(s.total("vllm:spec_decode_num_draft_tokens_total")),
-        accepted_tokens=int(s.total("vllm:spec_decode_num_accepted_tokens_total")),
-        accepted_per_position=dense_positions(
-            s.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")),
-        tokens_predicted=int(tokens),
-        tokens_predicted_seconds=s.total("vllm:request_decode_time_seconds_sum"),
-        prompt_tokens=int(s.total("vllm:prompt_tokens_total")),
-        requests_processing=int(s.total("vllm:num_requests_running")),
-        requests_deferred=int(s.total("vllm:num_requests_waiting")),
-    )
-
-
-def _flag_int(args: tuple[str, ...], flag: str) -> int | None:
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name == flag:
-            raw = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            return int(raw) if raw.isdigit() else None
-    return None
 
 
 def _kv_bytes(facts: ModelFacts, tokens: int) -> int:

@@ -7,23 +7,18 @@ and new definition with `==` and restart only what changed.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from supervisor.config.containersettings import ContainerSettings
-from supervisor.config.keyread import read_key
-from supervisor.config.measures import parse_duration, parse_fraction, parse_size
+from supervisor.config.daemonsettings import ApiKey, Daemon
 from supervisor.config.ondemandsettings import LoadingDefaults, LoadingKeys
-from supervisor.config.paths import default_state_dir
-from supervisor.config.raysettings import RayPlacement, RaySettings
+from supervisor.config.raysettings import RayPlacement
 from supervisor.config.scalars import env_name
+from supervisor.config.strict import Fraction, Seconds
 from supervisor.config.strict import Strict as _Strict
 
-Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
-Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0, le=1)]
-Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 # NVML numbers a host's GPUs from 0; no host has a thousand.
 MAX_GPU_INDEX = 1023
 
@@ -99,25 +94,6 @@ class Speculation(_Strict):
         "Draft model or head file: required for `draft`, `eagle`, `eagle3` and `dflash`, "
         "optional for `mtp`, refused for `ngram` and `suffix`."))
     length: Length = Field(default=Length(), description="Draft length: start value and the tuner's bounds.")
-
-
-class ApiKey(_Strict):
-    """Where the API key comes from; the key itself never appears in the fleet file or logs.
-    Give exactly one of `env` and `file`."""
-
-    env: str | None = Field(default=None, description="Environment variable that holds the key.")
-    file: str | None = Field(default=None, description=(
-        "File that holds the key; read on every use, so a rotated key needs no restart."))
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> ApiKey:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("give exactly one of env: VARIABLE or file: /path/to/key")
-        return self
-
-    def read(self, where: str) -> str:
-        """The secret itself (config/keyread.py); `where` names the setting in messages."""
-        return read_key(self.env, self.file, where)
 
 
 class Restart(_Strict):
@@ -258,89 +234,6 @@ class Target(LoadingKeys):
     def base_url(self) -> str:
         host = self.probe_host
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
-
-
-class GpuSettings(_Strict):
-    """VRAM planning and the GPU monitor (docs/gpus.md)."""
-
-    headroom: Bytes = Field(default=1 << 30, description=(
-        "Memory the VRAM planner keeps free on every GPU; falling below it is an event."))
-    memory: tuple[Annotated[int, BeforeValidator(parse_size), Field(gt=0)], ...] = Field(
-        default=(), description=(
-            "Memory per GPU (index order) to plan against when NVML cannot read it, such as "
-            "`[24GiB, 24GiB]`; empty: read it."))
-    interval: Seconds = Field(default=15.0, description=(
-        "Time between two readings of the GPU and process monitor."))
-    refuse: bool = Field(default=True, description=(
-        "Refuse to start a target that does not fit; `false`: warn and start it."))
-
-
-class SystemdSettings(_Strict):
-    """`launcher: systemd` (docs/systemd.md)."""
-
-    scope: Literal["system", "user"] = Field(default="system", description=(
-        "The system manager, or the user's (`systemctl --user`)."))
-    unit_dir: str | None = Field(default=None, description=(
-        "Where unit files are written; unset: `/etc/systemd/system`, or "
-        "`~/.config/systemd/user` for scope `user`."))
-    watchdog: Seconds = Field(default=30.0, gt=0, description="`WatchdogSec=` of the daemon's own unit.")
-
-
-def _check_host_port(value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError("expected HOST:PORT such as 127.0.0.1:9910")
-    return value
-
-
-class Proxy(_Strict):
-    """The OpenAI-compatible proxy in front of the targets (docs/api.md)."""
-
-    enabled: bool = Field(default=True, description="Run the proxy.")
-    listen: str = Field(default="127.0.0.1:9911", description="`HOST:PORT` the proxy listens on.")
-    hold: Seconds = Field(default=120.0, description=(
-        "How long a request waits for a restarting target before it fails."))
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        return _check_host_port(value)
-
-
-class Daemon(_Strict):
-    """The daemon's own settings; they take effect at the next daemon start, not at a reload."""
-
-    state_dir: str = Field(default_factory=default_state_dir, description=(
-        "Where `status.json`, `events.jsonl`, `tuning.json`, run records and the lock go: one "
-        "daemon per state dir."))
-    log_dir: str | None = Field(default=None, description=(
-        "Where each target's output goes, as `<target>.log`; unset: `<state_dir>/logs`."))
-    api: str = Field(default="127.0.0.1:9910", description=(
-        "`HOST:PORT` of the HTTP API and the Prometheus `/metrics` (docs/api.md)."))
-    api_token: ApiKey | None = Field(default=None, description=(
-        "Bearer token of the API and the proxy (all but `/healthz`); required when either "
-        "listens beyond loopback; unset: no authentication."))
-    proxy: Proxy = Field(default=Proxy(), description="The OpenAI-compatible proxy.")
-    log_max_bytes: Bytes = Field(default=10 * 1024 * 1024, description=(
-        "Size at which a target's log is rotated; `0`: never."))
-    log_backups: int = Field(default=3, ge=0, le=100, description="Rotated logs kept per target.")
-    gpu: GpuSettings = Field(default=GpuSettings(), description="VRAM planning and the GPU monitor.")
-    systemd: SystemdSettings = Field(default=SystemdSettings(), description=(
-        "The systemd launcher and the daemon's own unit."))
-    ray: RaySettings = Field(default=RaySettings(), description=(
-        "The Ray cluster of `launcher: ray` targets (docs/ray.md)."))
-    stop_targets_on_exit: bool = Field(default=False, description=(
-        "SIGTERM of the daemon also stops targets run by systemd or Ray (process targets "
-        "always stop with it); `false`, so that a daemon restart does not reload models."))
-
-    @field_validator("api")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        return _check_host_port(value)
-
-    @property
-    def logs(self) -> Path:
-        return Path(self.log_dir) if self.log_dir else Path(self.state_dir) / "logs"
 
 
 class Fleet(_Strict):

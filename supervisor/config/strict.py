@@ -1,4 +1,5 @@
-"""The base of every fleet-file model: unknown keys refused, frozen, strict scalars.
+"""The base of every fleet-file model (unknown keys refused, frozen, strict scalars), and
+the value types they share (durations, fractions, sizes).
 
 Frozen, so that a reload can compare a target's old and new definition with `==` and
 restart only what changed.
@@ -6,11 +7,16 @@ restart only what changed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
+from supervisor.config.measures import parse_duration, parse_fraction, parse_size
 from supervisor.config.scalars import strict_scalar
+
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0, le=1)]
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 
 
 class Strict(BaseModel):

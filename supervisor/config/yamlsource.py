@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-Path_ = tuple[str | int, ...]
+from supervisor.config.sourcemap import Mark, Path_, Problem, SourceMap, dotted
+
+__all__ = ["Mark", "Path_", "Problem", "SourceMap", "YamlSyntaxError", "dotted", "expand_env",
+           "load_yaml"]
+
 
 # Limits; each one is far above what a hand-written fleet file needs.
 MAX_FILE_BYTES = 1024 * 1024  # 1 MiB: a 30-target file with comments is ~20 KB
@@ -38,43 +41,6 @@ _STANDARD_TAGS = {f"tag:yaml.org,2002:{t}" for t in (
     "str", "int", "float", "bool", "null", "map", "seq", "merge", "timestamp", "value")}
 _NUL = "contains a NUL character (\\0), which no path, argument or environment value can hold"
 _NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
-
-
-@dataclass(frozen=True)
-class Mark:
-    line: int  # 1-based
-    column: int  # 1-based
-
-
-@dataclass
-class SourceMap:
-    """Where each dotted path of the document was written."""
-
-    file: str
-    marks: dict[Path_, Mark] = field(default_factory=dict)
-
-    def find(self, path: Path_) -> Mark | None:
-        """The mark of `path`, or of its nearest ancestor that has one."""
-        for end in range(len(path), -1, -1):
-            if (mark := self.marks.get(tuple(path[:end]))) is not None:
-                return mark
-        return None
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the fleet file, located by dotted path."""
-
-    path: Path_
-    message: str
-    severity: str = "error"  # or "warning"
-
-
-def dotted(path: Path_) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
 
 
 class YamlSyntaxError(Exception):

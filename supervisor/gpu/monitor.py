@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.config.schema import GpuSettings
+from supervisor.config.daemonsettings import GpuSettings
 from supervisor.gpu import nvml, vram
 
 

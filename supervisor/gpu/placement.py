@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 import psutil
 
-from supervisor.config.schema import GpuSettings, Target
+from supervisor.config.daemonsettings import GpuSettings
+from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.gpu import nvml, vram
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor.atomicfile import write_text
-from supervisor.config.schema import Fleet, SystemdSettings
+from supervisor.config.daemonsettings import SystemdSettings
+from supervisor.config.schema import Fleet
 from supervisor.errors import SpecfleetError
 from supervisor.launcher.running import TargetProcess
 from supervisor.launcher.systemd import unitfile
