@@ -45,6 +45,9 @@ from supervisor.plugin import (
     Readiness,
     SpecfleetError,
     Target,
+    check_binary_found,
+    check_options,
+    cuda_env,
     find_out_of_memory,
     hookimpl,
     llamacpp_model,
@@ -83,7 +86,7 @@ class OllamaBackend(Backend):
 
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
-        problems = cls.check_options(target, OPTIONS)
+        problems = check_options(target, OPTIONS)
         launcher = traits_for(target.launcher)
         if launcher.in_image:
             # `ollama create` registers the model with the running server from this machine:
@@ -114,7 +117,7 @@ class OllamaBackend(Backend):
         if draft and not Path(draft).expanduser().is_file():
             problems.append(Problem(("speculation", "draft"), f"draft file {draft!r} does not "
                                     "exist (DRAFT takes a local GGUF file)"))
-        return problems + cls.check_binary_found(target)
+        return problems + check_binary_found(cls, target)
 
     # --- naming and files ---
 
@@ -171,7 +174,7 @@ class OllamaBackend(Backend):
         env["OLLAMA_KEEP_ALIVE"] = str(self.keep_alive)
         if "models_dir" in t.options:
             env["OLLAMA_MODELS"] = str(Path(str(t.options["models_dir"])).expanduser())
-        env.update(self.cuda_env(placement))
+        env.update(cuda_env(self.target, placement))
         # A new server process: its counters start from zero, and the model is created and
         # loaded again once it answers.
         self._epoch, self._prepare, self.size_vram = time.time(), None, None

@@ -104,7 +104,7 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
                                    clock=clock or FakeClock(), rand=lambda: 0.5,
                                    unloaded=unloaded)
             # The fleet's loader, as simple as it gets: every demand loads at once.
-            sup.on_demand = lambda name, reason: sup.send(Command.START, reason)
+            sup.loading.on_demand = lambda name, reason: sup.send(Command.START, reason)
             run = Run(sup, world, events)
             bus.subscribe(lambda e: (events.append(e), run.notify()))
             runs.append(run)
@@ -122,7 +122,7 @@ async def test_a_target_starts_loads_and_becomes_ready(start_target):
     run = start_target()
     await run.reaches(S.READY)
     assert run.transitions == START
-    assert run.sup.serving and run.sup.restarts == 0
+    assert run.sup.serving and run.sup.crashes.restarts == 0
     assert run.world.starts[0].argv == ("fake-runtime", "--port", "1")
 
 
@@ -168,7 +168,7 @@ async def test_a_crash_backs_off_and_restarts(start_target):
     run.process.exit(-9)
     await run.reaches(S.READY, times=2)
     assert run.transitions == CRASH_AND_RESTART
-    assert run.sup.restarts == 1
+    assert run.sup.crashes.restarts == 1
     backoff = next(e for e in run.events if e.new == "backoff")
     assert "fake-runtime killed by signal SIGKILL" in backoff.reason
     assert backoff.data["delay"] == pytest.approx(0.01)
@@ -188,7 +188,7 @@ async def test_a_crash_loop_gives_up_after_max_crashes(start_target):
     failed = run.events[-1]
     assert "3 crashes within 10m" in failed.reason
     assert failed.detail == "GGML_ASSERT failed"  # the runtime's own output travels along
-    assert run.sup.restarts == 2
+    assert run.sup.crashes.restarts == 2
 
 
 async def test_crashes_further_apart_than_the_window_never_give_up(start_target):
@@ -200,7 +200,7 @@ async def test_crashes_further_apart_than_the_window_never_give_up(start_target)
         run.process.exit(-9)
         await run.reaches(S.READY, times=n)
     assert S.FAILED not in [new for _, new in run.transitions]
-    assert run.sup.restarts == 3
+    assert run.sup.crashes.restarts == 3
 
 
 READY_TO_FAILED = [*START, (S.READY, S.FAILED)]
@@ -254,7 +254,7 @@ async def test_a_retune_during_backoff_starts_at_once(start_target):
     run.sup.send(Command.RETUNE, "draft length 8 -> 4")
     await run.reaches(S.READY, times=2)
     assert run.transitions == CRASH_AND_RESTART
-    assert run.sup.restarts == 0  # a command, not the restart policy, started it
+    assert run.sup.crashes.restarts == 0  # a command, not the restart policy, started it
     assert run.events[-3].reason == "draft length 8 -> 4"
 
 
@@ -301,7 +301,7 @@ async def test_a_runtime_that_reports_itself_dead_is_restarted_at_once_as_a_cras
     run.world.readiness = Readiness.READY
     await run.reaches(S.READY, times=2)
     assert run.transitions == CRASH_AND_RESTART  # no degraded step, no failures counted
-    assert dead.signals and run.sup.restarts_by_reason == {"crash": 1}
+    assert dead.signals and run.sup.crashes.by_reason == {"crash": 1}
     backoff = next(e for e in run.events if e.new == "backoff")
     assert backoff.reason.startswith("fake probe")
 
@@ -351,7 +351,7 @@ async def test_a_planned_restart_waits_for_requests_in_flight(start_target):
     leave = asyncio.Event()
 
     async def request() -> list[str]:
-        async with run.sup.relaying():
+        async with run.sup.served.relaying():
             await leave.wait()
             return list(first.signals)  # what the process had been sent meanwhile
 
@@ -373,7 +373,7 @@ async def test_a_drain_that_outlasts_stop_grace_stops_anyway(start_target):
     leave = asyncio.Event()
 
     async def request() -> None:
-        async with run.sup.relaying():
+        async with run.sup.served.relaying():
             await leave.wait()
 
     client = asyncio.create_task(request())
@@ -469,10 +469,10 @@ async def test_an_on_demand_target_loads_at_the_first_request_and_unloads_withou
         start_target):
     run = start_target(unloaded=True)
     await run.reaches(S.UNLOADED)
-    assert run.world.starts == [] and run.sup.unavailable_reason() is None
-    assert await run.sup.wait_serving(5)  # the request's wait loads it
+    assert run.world.starts == [] and run.sup.served.unavailable_reason() is None
+    assert await run.sup.served.wait_serving(5)  # the request's wait loads it
     run.sup.send(Command.START, "another request")  # while it runs: nothing happens
-    run.sup.counted_unload("idle")
+    run.sup.loading.counted_unload("idle")
     run.sup.send(Command.UNLOAD, "idle for 600 s")
     await run.reaches(S.UNLOADED, times=2)
     assert run.transitions == ON_DEMAND
@@ -482,7 +482,7 @@ async def test_an_on_demand_target_loads_at_the_first_request_and_unloads_withou
     assert status.on_demand["loads"] == 1 and status.on_demand["unloads"] == {"idle": 1}
     assert status.on_demand["cold_start_s"] is not None
     assert [e.kind for e in run.events if e.kind == "load"] == ["load"]
-    assert await run.sup.wait_serving(5)  # and loads again
+    assert await run.sup.served.wait_serving(5)  # and loads again
     assert run.sup.status().on_demand["loads"] == 2
 
 
@@ -509,16 +509,16 @@ async def test_unloading_a_crashed_target_ends_its_backoff_and_a_failed_one_stay
     # The owner dispatches each command as it takes it: an empty queue means both were.
     await broken.until(lambda: broken.sup._commands.empty())
     assert broken.sup.state is S.FAILED
-    assert broken.sup.unavailable_reason() is not None  # requests are not held for it
+    assert broken.sup.served.unavailable_reason() is not None  # requests are not held for it
 
 
 async def test_a_load_the_fleet_refuses_answers_waiting_requests_at_once(start_target):
     run = start_target(unloaded=True)
     await run.reaches(S.UNLOADED)
-    run.sup.on_demand = lambda name, reason: run.sup.refuse_load(
+    run.sup.loading.on_demand = lambda name, reason: run.sup.loading.refuse_load(
         "cannot load: 1.00 GiB short on GPU 0 (held by pinned, not evictable)")
-    assert not await run.sup.wait_serving(5)
-    assert run.sup.unavailable_reason() == ("unloaded: cannot load: 1.00 GiB short on GPU 0 "
+    assert not await run.sup.served.wait_serving(5)
+    assert run.sup.served.unavailable_reason() == ("unloaded: cannot load: 1.00 GiB short on GPU 0 "
                                             "(held by pinned, not evictable)")
     assert run.transitions == [(S.STOPPED, S.UNLOADED)]
 
@@ -551,7 +551,7 @@ async def test_an_unexpected_exception_at_start_fails_the_target_with_its_text(
     await broken.reaches(S.FAILED)
     assert broken.transitions == INTERNAL_ERROR_AT_START
     assert "ValueError('illegal environment variable name')" in broken.events[-1].reason
-    assert broken.sup.unavailable_reason() is not None
+    assert broken.sup.served.unavailable_reason() is not None
     monkeypatch.undo()
     broken.sup.send(Command.RESTART, "restart requested through the API")
     await broken.reaches(S.READY)
@@ -599,8 +599,8 @@ async def test_waiting_for_a_failed_target_returns_at_once_with_the_reason(start
     await run.reaches(S.FAILED)
     # Asked to wait an hour: only an immediate answer gets past the hang guard.
     async with asyncio.timeout(30):
-        assert await run.sup.wait_serving(3600) is False
-    assert (run.sup.unavailable_reason() or "").startswith("failed: fake-runtime exited")
+        assert await run.sup.served.wait_serving(3600) is False
+    assert (run.sup.served.unavailable_reason() or "").startswith("failed: fake-runtime exited")
 
 
 async def test_waiting_for_a_restarting_target_waits_until_it_serves(start_target):
@@ -608,8 +608,8 @@ async def test_waiting_for_a_restarting_target_waits_until_it_serves(start_targe
     await run.reaches(S.READY)
     run.process.exit(-9)
     await run.reaches(S.BACKOFF)
-    assert run.sup.unavailable_reason() is None  # backing off: it is coming back
-    assert await run.sup.wait_serving(5) is True
+    assert run.sup.served.unavailable_reason() is None  # backing off: it is coming back
+    assert await run.sup.served.wait_serving(5) is True
 
 
 # --- what the status says about restarts and about a process that is not serving ---

@@ -47,6 +47,8 @@ from supervisor.plugin import (
     RuntimeInfo,
     SpecfleetError,
     Target,
+    api_key,
+    cuda_env,
     file_identity,
     find_out_of_memory,
     llamacpp_model,
@@ -136,7 +138,7 @@ class LlamaCppBackend(Backend):
         return spec.method == "ngram" and (spec.variant or DEFAULT_NGRAM_VARIANT) == "mod"
 
     def resolve_binary(self) -> str:
-        if self.in_image():
+        if self.launcher_traits.in_image:
             return super().resolve_binary()  # a command inside the image
         if self.target.binary:
             path = Path(self.target.binary).expanduser()
@@ -178,11 +180,11 @@ class LlamaCppBackend(Backend):
                 "--host", t.host, "--port", str(t.port), "--metrics",
                 *method_args(t, draft_length, speculation), *t.args]
         env = dict(t.env)
-        env.update(self.cuda_env(placement))
+        env.update(cuda_env(self.target, placement))
         secret: frozenset[str] = frozenset()
         if t.api_key is not None:
             # Through the environment, never argv: `ps` shows argv to every user.
-            env["LLAMA_API_KEY"] = self.api_key() or ""
+            env["LLAMA_API_KEY"] = api_key(self.target) or ""
             secret = frozenset({"LLAMA_API_KEY"})
         return LaunchSpec(tuple(argv), env, secret)
 

@@ -58,7 +58,12 @@ from supervisor.plugin import (
     RuntimeInfo,
     SpecfleetError,
     Target,
+    api_key,
+    check_binary_found,
+    check_options,
+    cuda_env,
     find_out_of_memory,
+    openai_completion,
     read_model_facts,
 )
 
@@ -86,7 +91,7 @@ class VllmBackend(Backend):
 
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
-        problems = cls.check_options(target, OPTIONS)
+        problems = check_options(target, OPTIONS)
         lo, hi = target.options.get("prompt_lookup_min"), target.options.get("prompt_lookup_max")
         if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
             problems.append(Problem(("options", "prompt_lookup_min"),
@@ -117,12 +122,12 @@ class VllmBackend(Backend):
                                     "bin/python; name a vllm executable, a Python interpreter "
                                     "or a virtual environment"))
             return problems
-        return problems + cls.check_binary_found(target)
+        return problems + check_binary_found(cls, target)
 
     def resolve_binary(self) -> str:
         """`binary:`, else `vllm` on PATH, else the environment `specfleet setup --runtime
         vllm` provisioned; in an image, the command there (`binary:`, else `vllm`)."""
-        if self.in_image():
+        if self.launcher_traits.in_image:
             return super().resolve_binary()
         if self.target.binary:
             path = Path(self.target.binary).expanduser()
@@ -142,7 +147,7 @@ class VllmBackend(Backend):
 
     async def preflight(self) -> RuntimeInfo:
         entry = entry_point_of(self.resolve_binary())
-        if entry.python is None or self.in_image():
+        if entry.python is None or self.launcher_traits.in_image:
             # In an image nothing is imported here: the image's vLLM answers for itself.
             return RuntimeInfo(entry.prefix[0])
         found = await asyncio.to_thread(installed, entry.python)
@@ -195,10 +200,10 @@ class VllmBackend(Backend):
             argv += ["--gpu-memory-utilization", f"{placement.memory_fraction:.3f}"]
         argv += list(t.args)
         env = dict(t.env)
-        env.update(self.cuda_env(placement))
+        env.update(cuda_env(self.target, placement))
         secret: frozenset[str] = frozenset()
         if t.api_key is not None:
-            env["VLLM_API_KEY"] = self.api_key() or ""  # vLLM reads it; argv is public
+            env["VLLM_API_KEY"] = api_key(self.target) or ""  # vLLM reads it; argv is public
             secret = frozenset({"VLLM_API_KEY"})
         return LaunchSpec(tuple(argv), env, secret)
 
@@ -267,7 +272,7 @@ class VllmBackend(Backend):
         counters around it (vLLM's answer does not carry them). `bench` sends one request
         at a time to a server of its own, so nothing else moves the counters."""
         before = await self.read_metrics(http)
-        gen = await self._openai_completion(http, self.served_name, prompt, max_tokens,
+        gen = await openai_completion(self, http, self.served_name, prompt, max_tokens,
                                             sampling)
         after = await self.read_metrics(http)
         if before is None or after is None:

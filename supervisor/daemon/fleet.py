@@ -33,6 +33,7 @@ from supervisor.plugin.registry import Registry
 from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.runrecord import RunRecorder
+from supervisor.supervision.served import Served
 from supervisor.supervision.states import State
 from supervisor.tuning.store import TuningStore
 
@@ -215,8 +216,9 @@ class FleetSupervisors:
     def target_names(self) -> list[str]:
         return list(self.supervisors)
 
-    def served_target(self, name: str) -> TargetSupervisor | None:
-        return self.supervisors.get(name)
+    def served_target(self, name: str) -> Served | None:
+        sup = self.supervisors.get(name)
+        return sup.served if sup is not None else None
 
     def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
         return self.events.subscribe(fn)

@@ -36,7 +36,7 @@ class OnDemandLoader:
         self._idle_unloads: set[asyncio.Task[None]] = set()
 
     def attach(self, sup: TargetSupervisor) -> None:
-        sup.on_demand = self.demand
+        sup.loading.on_demand = self.demand
 
     def demand(self, name: str, reason: str) -> None:
         """Load `name` (called by the target when a request wants it while unloaded)."""
@@ -52,12 +52,12 @@ class OnDemandLoader:
                     and sup.state is State.UNLOADED:
                 choice = self._choose(sup)
                 if choice.impossible is not None:
-                    sup.refuse_load(f"cannot load: {choice.impossible}")
+                    sup.loading.refuse_load(f"cannot load: {choice.impossible}")
                     return
                 if choice.wait_until is not None:
                     if not said_wait:
                         said_wait = True
-                        sup.note_wait(choice.wait_until - self.clock(), choice.why)
+                        sup.loading.note_wait(choice.wait_until - self.clock(), choice.why)
                     await asyncio.sleep(min(WAIT_STEP, max(0.05, choice.wait_until
                                                            - self.clock())))
                     continue
@@ -66,7 +66,7 @@ class OnDemandLoader:
                                        for v in choice.evict))
                 sup.send(Command.START, reason)
                 # Loading from here on: the next decision counts it.
-                await sup.until(lambda s=sup: s.state is not State.UNLOADED)
+                await sup.changes.until(lambda s=sup: s.state is not State.UNLOADED)
                 return
 
     def _choose(self, sup: TargetSupervisor) -> swap.Choice:
@@ -84,7 +84,7 @@ class OnDemandLoader:
                 else o.started_at
 
         loaded = [swap.Loaded(o.name, share(o.name), o.target.evictable,
-                              started(o), o.last_used(),
+                              started(o), o.loading.last_used(),
                               o.requests.in_flight, o.target.min_residency, o.target.group)
                   for o in self.supervisors().values()
                   if o is not sup and o.target.swaps and o.state not in _NOT_LOADED
@@ -98,9 +98,9 @@ class OnDemandLoader:
             return
         self._unloading.add(name)
         try:
-            sup.counted_unload(kind)
+            sup.loading.counted_unload(kind)
             sup.send(Command.UNLOAD, reason)
-            await sup.until(lambda: sup.state in _NOT_LOADED)
+            await sup.changes.until(lambda: sup.state in _NOT_LOADED)
         finally:
             self._unloading.discard(name)
 
@@ -114,10 +114,10 @@ class OnDemandLoader:
                 limit = sup.target.idle_unload
                 if limit is None or not sup.serving or sup.requests.in_flight \
                         or (sup.metrics is not None and sup.metrics.requests_processing) \
-                        or sup.name in self._unloading or now - sup.last_used() < limit:
+                        or sup.name in self._unloading or now - sup.loading.last_used() < limit:
                     continue
                 task = asyncio.create_task(self.unload(
-                    sup.name, f"idle for {now - sup.last_used():.0f} s (idle_unload "
+                    sup.name, f"idle for {now - sup.loading.last_used():.0f} s (idle_unload "
                     f"{limit:g} s)", "idle"), name=f"unload:{sup.name}")
                 self._idle_unloads.add(task)
                 task.add_done_callback(self._idle_unloads.discard)

@@ -9,19 +9,18 @@ log lines; it only calls these methods.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
 import aiohttp
 
-from supervisor.config.schema import METHODS_WITH_DRAFT_FILE, Target
+from supervisor.config.schema import Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
 from supervisor.gpu.vram import Assignment, Estimate
-from supervisor.models import facts, pairing
 from supervisor.plugin.executor import LOCAL, Executor
+from supervisor.plugin.helpers import api_key, openai_completion
 from supervisor.plugin.launching import LauncherTraits, traits_for
 from supervisor.plugin.values import (
     LENGTHS_BY_LOAD,
@@ -125,14 +124,10 @@ class Backend:
         image, ...): a backend never compares the launcher's name."""
         return traits_for(self.target.launcher)
 
-    def in_image(self) -> bool:
-        """Whether the runtime's executable is inside a container image, not on this machine."""
-        return self.launcher_traits.in_image
-
     def resolve_binary(self) -> str:
         """The runtime executable: `binary:` from the fleet file, else PATH; in an image, the
         command there (`binary:`, else the backend's command on the image's PATH)."""
-        if self.in_image():
+        if self.launcher_traits.in_image:
             return self.target.binary or self.default_binary
         if self.target.binary:
             return str(Path(self.target.binary).expanduser())
@@ -163,42 +158,6 @@ class Backend:
         `placement` is the planner's choice of GPUs (and memory share) when it made one."""
         raise NotImplementedError
 
-    def cuda_env(self, placement: Assignment | None) -> dict[str, str]:
-        """CUDA_VISIBLE_DEVICES for the target: none, the planner's GPUs, or the file's."""
-        gpus = self.target.gpus
-        if gpus == "none":
-            return {"CUDA_VISIBLE_DEVICES": ""}
-        chosen = placement.gpus if placement is not None else gpus
-        if isinstance(chosen, tuple):
-            return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
-        return {}
-
-    @staticmethod
-    def check_options(target: Target, allowed: Mapping[str, tuple[type, ...]]) -> list[Problem]:
-        """Problems with `options:`: unknown keys and wrong types (a bool is no int)."""
-        problems = []
-        for key, value in target.options.items():
-            kinds = allowed.get(key)
-            if kinds is None:
-                problems.append(Problem(("options", key), f"unknown {target.backend} option; "
-                                        f"valid: {', '.join(sorted(allowed))}"))
-            elif not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-                problems.append(Problem(("options", key), f"expected "
-                                        f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}"))
-        return problems
-
-    @classmethod
-    def check_binary_found(cls, target: Target) -> list[Problem]:
-        """For runtimes usually checked away from the GPU host that runs them: a runtime
-        missing from PATH here is a warning; a `binary:` that does not exist is an error."""
-        try:
-            cls(target).resolve_binary()
-        except SpecfleetError as exc:
-            if target.binary:
-                return [Problem(("binary",), str(exc))]
-            return [Problem((), f"{exc} (the target cannot start on this machine)", "warning")]
-        return []
-
     # --- models: pairing guard, memory estimate, run record ---
 
     def model_files(self) -> dict[str, str]:
@@ -209,28 +168,9 @@ class Backend:
                 out[role] = str(Path(ref).expanduser())
         return out
 
-    def pairing_findings(self) -> list[pairing.Finding]:
-        """Does the draft (head) fit the target? Reads the model files' headers; blocking."""
-        spec = self.target.speculation
-        if spec.method not in METHODS_WITH_DRAFT_FILE:
-            return []
-        files = self.model_files()
-        if "model" not in files or (spec.draft and "draft" not in files):
-            return []  # the backend's check() reports missing files; remote refs cannot be read
-        target = facts.read(files["model"])
-        if "draft" not in files:
-            return pairing.check_mtp(target, None) if spec.method == "mtp" else []
-        return pairing.check_pair(target, facts.read(files["draft"]), spec.method,
-                                  facts.read_tokens)
-
     def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         """What this target needs in (GPU) memory, or None if the backend cannot tell."""
         return None
-
-    def api_key(self) -> str | None:
-        """Read the API key from its source; never log the result."""
-        source = self.target.api_key
-        return None if source is None else source.read(f"target '{self.target.name}': api_key")
 
     def openai_model(self) -> str | None:
         """The `model` the runtime's OpenAI-compatible API expects for this target, or None
@@ -239,7 +179,7 @@ class Backend:
         return None
 
     def auth_headers(self) -> dict[str, str]:
-        key = self.api_key()
+        key = api_key(self.target)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     # --- monitoring ---
@@ -264,20 +204,8 @@ class Backend:
                        sampling: Mapping[str, object]) -> Generation:
         """One completion for `specfleet bench`: the OpenAI-compatible /v1/completions, timed
         by the wall clock; backends whose runtime reports its own timings override this."""
-        return await self._openai_completion(http, self.target.model, prompt, max_tokens,
-                                             sampling)
-
-    async def _openai_completion(self, http: aiohttp.ClientSession, model: str, prompt: str,
-                                 max_tokens: int, sampling: Mapping[str, object]) -> Generation:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **sampling}
-        started = time.perf_counter()
-        async with http.post(f"{self.base_url}/v1/completions", json=body,
-                             headers=self.auth_headers()) as resp:
-            resp.raise_for_status()
-            data = await resp.json()
-        seconds = time.perf_counter() - started
-        return Generation(data["choices"][0]["text"], int(data["usage"]["completion_tokens"]),
-                          seconds)
+        return await openai_completion(self, http, self.target.model, prompt, max_tokens,
+                                       sampling)
 
     def describe_launch(self, spec: LaunchSpec) -> list[str]:
         """Lines `specfleet check` prints under the command: files the launch writes."""

@@ -21,6 +21,7 @@ from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
 from supervisor.plugin import hookspecs
 from supervisor.plugin.backend import Backend
+from supervisor.plugin.helpers import pairing_findings
 from supervisor.plugin.launching import Launcher, declare
 
 ENTRY_POINT_GROUP = "specfleet.backends"
@@ -65,7 +66,7 @@ class Registry:
             return problems
         where = ("speculation", "draft") if target.speculation.draft else ("speculation", "method")
         try:
-            findings = cls(target).pairing_findings()
+            findings = pairing_findings(cls(target))
         except SpecfleetError as exc:
             return [*problems, Problem(where, str(exc))]
         return [*problems, *(Problem(where, f.message, f.level) for f in findings)]

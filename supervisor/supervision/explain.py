@@ -8,6 +8,7 @@ import asyncio
 
 from supervisor.errors import StartRefused
 from supervisor.plugin.backend import Backend, Failure, FailureKind
+from supervisor.plugin.helpers import pairing_findings
 from supervisor.plugin.launching import RunningProcess
 from supervisor.supervision.status import exit_description
 
@@ -41,7 +42,7 @@ def explain_exit(backend: Backend, proc: RunningProcess, code: int) -> Failure:
 async def pairing_warnings(backend: Backend) -> list[str]:
     """The pairing guard's warnings; raise StartRefused with its errors (cached per file by
     the backend, so cheap after the first start)."""
-    findings = await asyncio.to_thread(backend.pairing_findings)
+    findings = await asyncio.to_thread(pairing_findings, backend)
     if errors := [f.message for f in findings if f.level == "error"]:
         raise StartRefused("; ".join(errors))
     return [f.message for f in findings if f.level == "warning"]

@@ -21,9 +21,8 @@ from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
-from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
+from supervisor.plugin.backend import Backend, Failure, MetricsSample
 from supervisor.plugin.launching import Launcher, RunningProcess, local_pid
-from supervisor.supervision import restart_policy
 from supervisor.supervision.commands import (
     Command,
     Next,
@@ -33,20 +32,27 @@ from supervisor.supervision.commands import (
     is_planned_restart,
     next_step,
 )
-from supervisor.supervision.explain import explain_exit, explain_hang, pairing_warnings
-from supervisor.supervision.ondemand import OnDemandMixin
+from supervisor.supervision.crashes import CrashHistory
+from supervisor.supervision.explain import explain_exit, explain_hang
+from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.runrecord import RunRecorder
-from supervisor.supervision.served import ServedTargetMixin
-from supervisor.supervision.states import ALLOWED, State
-from supervisor.supervision.status import TargetStatus, counters_view
+from supervisor.supervision.served import Served
+from supervisor.supervision.snapshot import snapshot
+from supervisor.supervision.start import follow, plan_start, start_failure
+from supervisor.supervision.states import ALLOWED, State, StateChanges, is_live
+from supervisor.supervision.status import TargetStatus
 from supervisor.tuning.autotuner import AutoTuner
-from supervisor.tuning.quantities import shown
 from supervisor.tuning.store import TuningStore
 
 
-class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
+class TargetSupervisor:
+    """The owner of one target, composed of collaborators with their own state: what the
+    proxy sees of it (`served`), its on-demand book (`loading`), the proxy's requests
+    (`requests`), the tuner (`tuner`); the health and metrics loops run per process
+    (probes.py)."""
+
     def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
@@ -59,13 +65,11 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         self.events = events
         self.http = http
         self.clock = clock
-        self.rand = rand
         self.state = State.STOPPED
         self.since = time.time()
         self.process: RunningProcess | None = None
         self.started_at: float | None = None
-        self.restarts = 0  # by the restart policy, after a failure
-        self.restarts_by_reason: dict[str, int] = {}  # every restart: failure kind or command
+        self.crashes = CrashHistory(target, placer, clock, rand)
         self.last_event: Event | None = None
         self.failure_output: str | None = None
         self.runtime: dict[str, str] = {}
@@ -78,21 +82,25 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         self.resources: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.requests = ProxyRequests()  # the proxy's requests to this target: it owns them
-        self._wanted = True  # the owner means to run it (served.py)
-        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._crash_times: list[float] = []
-        self._oom_times: list[float] = []
+        self.wanted = True  # the owner means to run it (served.py)
+        self.changes = StateChanges()  # the proxy's waiters, the on-demand loader's
         self._may_adopt = launcher.traits.detaches  # only the first start may find a running unit
         self._detached = False
         self._commands: asyncio.Queue[Request] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._pending_reason = start_reason  # the reason the next start will carry
         self._start_unloaded = unloaded  # on demand: wait for the first request
-        self._init_on_demand()
+        self.loading = OnDemandBook(target, lambda: self.state, self._event, self.changes,
+                                    self.requests, lambda: self.started_at)
+        self.served = Served(self)
 
     @property
     def name(self) -> str:
         return self.target.name
+
+    @property
+    def serving(self) -> bool:
+        return is_live(self.state)
 
     # --- the API other tasks use ---
 
@@ -120,34 +128,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         await self._task
 
     def status(self) -> TargetStatus:
-        spec = self.target.speculation
-        speculating = self.tuner.speculation_on if spec.method != "none" else False
-        length = self.tuner.draft_length if spec.method != "none" else None
-        # The length it really runs with: the runtime's own default when none is set.
-        effective = length if length is not None or spec.method == "none" \
-            else self.tuner.launch_backend().default_length()
-        tunable = self.backend.tunable_length() or (
-            "nothing to tune for this method" if spec.method != "none" else None)
-        alive = self.process is not None and self.process.returncode is None
-        window = self.tuner.window.stats()  # once: both views below read it
-        return TargetStatus(
-            name=self.name, backend=self.target.backend, endpoint=self.base_url,
-            model=self.target.model, state=self.state.value, since=self.since,
-            pid=self.process.pid if alive and self.process else None,
-            started_at=self.started_at, restarts=self.restarts,
-            restarts_by_reason=dict(self.restarts_by_reason),
-            last_event=self.last_event.to_dict() if self.last_event else None,
-            failure_output=self.failure_output, runtime=dict(self.runtime),
-            speculation={"method": spec.method, "variant": self.tuner.variant,
-                         "enabled": speculating,
-                         "draft_length": length, "tunable": tunable},
-            shown=shown(window, self.metrics, method=spec.method,
-                        speculating=speculating, draft_length=effective, serving=self.serving),
-            metrics=counters_view(self.metrics), tuning=self.tuner.view(window),
-            retunes=self.tuner.retunes, log_file=self.log_file, placement=dict(self.placement),
-            resources=dict(self.resources) if alive else {}, warnings=list(self.warnings),
-            requests=self.requests.view(), by_load=self.tuner.by_load.view(),
-            on_demand=self.on_demand_view())
+        return snapshot(self)
 
     # --- the owner task ---
 
@@ -164,8 +145,8 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
             self.placer.released(self.name)  # loaded (its memory now shows in NVML), or gone
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
         self.state, self.since, self.last_event = new, event.time, event
-        self._on_demand_state(new)
-        self._wake_waiters()  # the proxy's (served.py), the on-demand loader's
+        self.loading.state_changed(new)
+        self.changes.wake()
         self.events.emit(event)
 
     async def run(self) -> None:
@@ -197,7 +178,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
     async def _internal_error(self, exc: Exception) -> Next:
         """The last line of defence: this target (only) ends `failed` with the exception's
         text, its process killed; a restart command tries again."""
-        self._wanted = False
+        self.wanted = False
         await self._kill_process()
         self._event("error", f"internal error in target {self.name!r}: {exc!r}")
         if State.FAILED not in ALLOWED[self.state]:  # stopped or failed already: not transient
@@ -211,39 +192,26 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         """The one place a command takes effect on the owner's plans (commands.py's table)."""
         step = next_step(phase, request.command)
         # Unloaded comes back on demand; a failed target stays failed (and not wanted).
-        self._wanted = step is Next.RUN or (step is Next.UNLOADED and self.state != State.FAILED)
+        self.wanted = step is Next.RUN or (step is Next.UNLOADED and self.state != State.FAILED)
         if request.command is Command.RETUNE:
             self.tuner.apply_pending()
         if step is Next.RUN:
             self._pending_reason = request.reason
-            self.load_refused = None
-            if counts_as_restart(request.command):
-                self._count_restart(request.command.value)
-            else:
-                self.loads += 1
+            restart = counts_as_restart(request.command)
+            self.loading.started(on_demand=not restart)
+            if restart:
+                self.crashes.count(request.command.value)
             if phase is Phase.IDLE:  # a manual start after giving up counts crashes anew
-                self._crash_times, self._oom_times = [], []
+                self.crashes.forget()
         elif step is Next.UNLOADED and self.state is State.STOPPED:
             self._set_state(State.UNLOADED, request.reason)
         return step
 
-    def _count_restart(self, why: str) -> None:
-        self.restarts_by_reason[why] = self.restarts_by_reason.get(why, 0) + 1
-
     async def _after_failure(self, failure: Failure) -> Next:
         """Back off and restart, or give up."""
-        now = self.clock()
-        self._crash_times.append(now)
-        fits_now, fit_detail = None, ""
-        if failure.kind == FailureKind.OUT_OF_MEMORY:
-            self._oom_times.append(now)
-            if self.placer is not None:
-                fits_now, fit_detail = await self.placer.fits_now(self.name)
-        decision = restart_policy.after_failure(
-            failure, tuple(self._crash_times), now, self.target.restart, self.rand(),
-            oom_times=tuple(self._oom_times), fits_now=fits_now, fit_detail=fit_detail)
+        decision = await self.crashes.decide(failure)
         if decision.give_up:
-            self._wanted = False
+            self.wanted = False
             self._set_state(State.FAILED, decision.reason, self.failure_output,
                             failure=failure.kind.value)
             return Next.IDLE
@@ -252,8 +220,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         try:
             request = await asyncio.wait_for(self._commands.get(), timeout=decision.delay)
         except TimeoutError:
-            self.restarts += 1
-            self._count_restart(failure.kind.value)
+            self.crashes.count(failure.kind.value, by_policy=True)
             self._pending_reason = f"restart after {failure.kind.value}"
             return Next.RUN
         step = self._dispatch(request, Phase.BACKOFF)
@@ -278,37 +245,22 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
         """Start (or adopt) the process; a start that cannot succeed is a final Failure."""
         try:
             return await self._launch()
-        except StartRefused as exc:
+        except (StartRefused, SpecfleetError, OSError) as exc:
             self.failure_output = None
-            return Failure(FailureKind.REFUSED, str(exc), retryable=False)
-        except SpecfleetError as exc:
-            self.failure_output = None
-            return Failure(FailureKind.BAD_ARGUMENTS, str(exc), retryable=False)
-        except OSError as exc:
-            self.failure_output = None
-            return Failure(FailureKind.CRASH, f"could not start target '{self.name}': "
-                           f"{exc.strerror or exc}", retryable=False)
+            return start_failure(self.name, exc)
 
     async def _launch(self) -> RunningProcess:
         """Preflight, the pairing guard, placement; then adopt a running unit or start anew."""
-        self.backend.executor = await self.launcher.runtime_host(self.name)  # an image?
-        info = await self.backend.preflight()
-        await self._check_pairing()
-        placement = await self.placer.check_start(self.name) if self.placer else None
-        self.placement = ({"gpus": list(placement.gpus), "per_gpu": placement.per_gpu,
-                           "memory_fraction": placement.memory_fraction} if placement else {})
-        self.tuner.runtime_started(info)
-        spec = self.tuner.launch_backend().launch_spec(
-            self.tuner.draft_length, speculation=self.tuner.speculation_on, placement=placement)
-        self.runtime = {"binary": info.binary, "version": info.version,
-                        **self.backend.executor.facts}
+        plan = await plan_start(self.name, self.backend, self.launcher, self.placer, self.tuner,
+                                self._pairing)
+        self.placement, self.runtime, spec = plan.placement, plan.runtime, plan.spec
         grace = self.target.restart.stop_grace
         if self._may_adopt:
             self._may_adopt = False
             adopted, why = await self.launcher.adopt(self.name, spec, stop_grace=grace)
             if adopted is not None:
                 self.process, self.started_at, self.failure_output = adopted, time.time(), None
-                self._follow(adopted)
+                self.placement = follow(adopted, self.backend, self.placement)
                 self._set_state(State.LOADING, why, pid=adopted.pid, adopted=True)
                 return adopted
             if why:
@@ -317,7 +269,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
                                          on_line=self.backend.on_output)
         self.process, self.started_at, self.failure_output = proc, time.time(), None
         self.metrics = None  # the previous process's counters are not this one's
-        self._follow(proc)
+        self.placement = follow(proc, self.backend, self.placement)
         self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
         if self.records is not None:
             spec_view = {"method": self.target.speculation.method, "variant": self.tuner.variant,
@@ -327,9 +279,7 @@ class TargetSupervisor(ServedTargetMixin, OnDemandMixin):
                                   self.backend.model_files())
         return proc
 
-    async def _check_pairing(self) -> None:
-        """The pairing guard before every start (cached per file, so cheap after the first)."""
-        warnings = await pairing_warnings(self.backend)
+    def _pairing(self, warnings: list[str]) -> None:
         if warnings != self.warnings:
             for message in warnings:
                 self._event("pairing", message, level="warning")

@@ -1,105 +1,111 @@
-"""What the proxy and the API use of a target: api/fleetview.py's ServedTarget protocol,
-implemented for TargetSupervisor.
+"""What the proxy and the API use of a target: api/fleetview.py's ServedTarget protocol.
 
-A mixin of TargetSupervisor, kept apart so that the owner loop reads on its own: it only
-reads the owner's state, and acts through the owner's command queue.
+A collaborator of the owner (owner.py), kept apart so that the owner loop reads on its
+own: it only reads the owner's state, and acts through the owner's command queue and its
+on-demand book.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Protocol
 
 from supervisor.config.schema import Target
 from supervisor.events import Event
 from supervisor.plugin.backend import Backend
-from supervisor.plugin.launching import RunningProcess
 from supervisor.supervision.commands import Command
+from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.requests import ProxyRequests
-from supervisor.supervision.states import State, is_live
+from supervisor.supervision.states import State, StateChanges, is_live
 
 
-class ServedTargetMixin:
+class Owner(Protocol):
+    """What of the owner (owner.TargetSupervisor) serving reads."""
+
     target: Target
     backend: Backend
     requests: ProxyRequests
     state: State
-    placement: dict[str, Any]  # GPUs from the VRAM plan; the node under launcher: ray
+    since: float
     last_event: Event | None
     # Whether the owner means to run the target (False once it gave up, stopped or detached):
     # a request for a target that will not come back by itself is refused at once.
-    _wanted: bool
-    _changed: asyncio.Future[None]  # resolved (and replaced) at every state change
+    wanted: bool
+    changes: StateChanges
+    loading: OnDemandBook
 
-    def send(self, command: Command, reason: str) -> None:
-        raise NotImplementedError
+    def send(self, command: Command, reason: str) -> None: ...
 
-    demand: Callable[[str], None]  # load it if unloaded (supervision/ondemand.py)
-    load_refused: str | None
+
+class Served:
+    def __init__(self, owner: Owner) -> None:
+        self._owner = owner
+
+    @property
+    def name(self) -> str:
+        return self._owner.target.name
+
+    @property
+    def since(self) -> float:
+        return self._owner.since
 
     @property
     def serving(self) -> bool:
-        return is_live(self.state)
+        return is_live(self._owner.state)
 
     @property
     def base_url(self) -> str:
-        return self.backend.base_url  # the node's address under a launcher that places it
-
-    def _follow(self, proc: RunningProcess) -> None:
-        """Probes, counters, the proxy and the run record follow the process to its node."""
-        where = dict(proc.location)
-        self.backend.node_address = where.get("address")
-        self.placement = {k: v for k, v in self.placement.items()
-                          if k not in ("node", "node_id", "address", "node_gpus")}
-        self.placement.update(where)
+        return self._owner.backend.base_url  # the node's address under a launcher that places it
 
     def state_name(self) -> str:
-        return self.state.value
+        return self._owner.state.value
 
     def upstream_model(self) -> str | None:
-        return self.backend.openai_model()
+        return self._owner.backend.openai_model()
 
     def auth_headers(self) -> dict[str, str]:
-        return self.backend.auth_headers()
+        return self._owner.backend.auth_headers()
 
     def relaying(self) -> AbstractAsyncContextManager[None]:
-        return self.requests.relaying()
+        return self._owner.requests.relaying()
 
     def observe_timings(self, timings: dict[str, Any]) -> None:
-        self.requests.observe(timings)
+        self._owner.requests.observe(timings)
 
     def restart(self, reason: str) -> None:
-        if self.state is State.UNLOADED:
-            self.demand(reason)  # a load, with room made by the fleet as for a request
+        if self._owner.state is State.UNLOADED:
+            self._owner.loading.demand(reason)  # a load, with room made as for a request
         else:
-            self.send(Command.RESTART, reason)
+            self._owner.send(Command.RESTART, reason)
 
     def unavailable_reason(self) -> str | None:
         """Why the target will not serve until someone acts (None: it serves, or is on its
         way: starting, loading, backing off, restarting, unloaded and loading on demand)."""
-        if self.state is State.UNLOADED:
-            return f"unloaded: {self.load_refused}" if self.load_refused else None
-        if self.serving or self._wanted:
+        owner = self._owner
+        if owner.state is State.UNLOADED:
+            refused = owner.loading.load_refused
+            return f"unloaded: {refused}" if refused else None
+        if self.serving or owner.wanted:
             return None
-        why = self.last_event.reason if self.last_event else ""
-        return f"{self.state.value}" + (f": {why}" if why else "")
+        why = owner.last_event.reason if owner.last_event else ""
+        return f"{owner.state.value}" + (f": {why}" if why else "")
 
     async def wait_serving(self, timeout: float) -> bool:
         """Wait until the target serves, at most `timeout` seconds; False at once when it
         will not come back by itself."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        self.demand("a request through the proxy")  # unloaded: load it (on demand)
+        loading = self._owner.loading
+        loading.demand("a request through the proxy")  # unloaded: load it (on demand)
         while not self.serving:
-            if self.load_refused is None:  # unloaded meanwhile (idle, evicted): load again
-                self.demand("a request through the proxy")
+            if loading.load_refused is None:  # unloaded meanwhile (idle, evicted): load again
+                loading.demand("a request through the proxy")
             remaining = deadline - loop.time()
             if remaining <= 0 or self.unavailable_reason() is not None:
                 return False
             try:
-                await asyncio.wait_for(asyncio.shield(self._changed), remaining)
+                await self._owner.changes.next(remaining)
             except TimeoutError:
                 return False
         return True

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Callable
 
 
 class State(enum.StrEnum):
@@ -46,3 +48,24 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.DETACHED: frozenset(),
     State.UNLOADED: frozenset({State.STARTING}),
 }
+
+
+class StateChanges:
+    """What waiters of a target's state changes wait on (the proxy's requests, the fleet's
+    loader): woken at every change of the owner's state."""
+
+    def __init__(self) -> None:
+        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(self) -> None:
+        self._changed.set_result(None)
+        self._changed = asyncio.get_running_loop().create_future()
+
+    async def next(self, timeout: float | None = None) -> None:
+        """The next change (TimeoutError after `timeout` seconds)."""
+        await asyncio.wait_for(asyncio.shield(self._changed), timeout)
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        """Wait until `done()` holds, looked at after each change."""
+        while not done():
+            await asyncio.shield(self._changed)

@@ -1,0 +1,60 @@
+"""What comes before a target's process starts, in order: where the runtime's commands run
+(an image?), the runtime's preflight, the pairing guard, the VRAM placement, the tuner's
+view of the runtime, and the launch spec with the tuner's setting. Raises what makes the
+start impossible (StartRefused, SpecfleetError); the owner turns that into a failure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.errors import StartRefused
+from supervisor.gpu.placement import Placer
+from supervisor.plugin.backend import Backend, Failure, FailureKind, LaunchSpec
+from supervisor.plugin.launching import Launcher, RunningProcess
+from supervisor.supervision.explain import pairing_warnings
+from supervisor.tuning.autotuner import AutoTuner
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    spec: LaunchSpec
+    runtime: dict[str, str]  # binary, version and where it runs: the status's `runtime`
+    placement: dict[str, Any]  # the GPUs and memory share the VRAM plan gave it
+
+
+async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Placer | None,
+                     tuner: AutoTuner, pairing: Callable[[list[str]], None]) -> StartPlan:
+    """`pairing` gets the pairing guard's warnings (cached per file: cheap after the first)."""
+    backend.executor = await launcher.runtime_host(name)
+    info = await backend.preflight()
+    pairing(await pairing_warnings(backend))
+    assignment = await placer.check_start(name) if placer else None
+    tuner.runtime_started(info)
+    spec = tuner.launch_backend().launch_spec(
+        tuner.draft_length, speculation=tuner.speculation_on, placement=assignment)
+    return StartPlan(spec, {"binary": info.binary, "version": info.version,
+                            **backend.executor.facts},
+                     {"gpus": list(assignment.gpus), "per_gpu": assignment.per_gpu,
+                      "memory_fraction": assignment.memory_fraction} if assignment else {})
+
+
+def start_failure(name: str, exc: Exception) -> Failure:
+    """A start that cannot succeed, as a final failure: refused by the placer, a check of
+    the backend, or the operating system (a binary that cannot be executed)."""
+    if isinstance(exc, StartRefused):
+        return Failure(FailureKind.REFUSED, str(exc), retryable=False)
+    if isinstance(exc, OSError):
+        return Failure(FailureKind.CRASH, f"could not start target '{name}': "
+                       f"{exc.strerror or exc}", retryable=False)
+    return Failure(FailureKind.BAD_ARGUMENTS, str(exc), retryable=False)
+
+
+def follow(proc: RunningProcess, backend: Backend, placement: dict[str, Any]) -> dict[str, Any]:
+    """Probes, counters, the proxy and the run record follow the process to its node: the
+    backend's address, and the placement with the node in it."""
+    where = dict(proc.location)
+    backend.node_address = where.get("address")
+    return {**{k: v for k, v in placement.items()
+               if k not in ("node", "node_id", "address", "node_gpus")}, **where}
