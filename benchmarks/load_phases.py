@@ -45,14 +45,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,14 +60,14 @@ sys.path.insert(0, str(REPO))
 
 from plugins.llamacpp import provision as llamacpp_provision  # noqa: E402
 from plugins.vllm import provision as vllm_provision  # noqa: E402
-from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 from supervisor.plugin import example_model_path  # noqa: E402
-from supervisor.plugin.promtext import parse  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from serverproc import Server, free_port, group_alive, http, run_clients  # noqa: E402
+from load_report import analyse, print_table  # noqa: E402
+from phase_measure import CLIENTS, others_running, patient, percentile, run_phase  # noqa: E402
+from serverproc import Server, free_port, group_alive  # noqa: E402
+from serverproc import vllm_server as start_vllm  # noqa: E402
 
-CLIENTS = 8
 VLLM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 BY_BATCH_TABLE = [[1, 1, 5], [2, 64, 1]]
 # (setting name, speculative flags); None = speculation off
@@ -90,159 +88,6 @@ VLLM_SETTINGS: list[tuple[str, dict[str, Any] | None]] = [
     ("by-batch", {"method": "ngram", "num_speculative_tokens": 5, **VLLM_LOOKUP,
                   "num_speculative_tokens_per_batch_size": BY_BATCH_TABLE}),
 ]
-METRIC_PREFIX = {"llamacpp": "llamacpp:", "vllm": "vllm:"}
-OTHERS = "pytest|vllm.entrypoints|specfleet bench|vllm_cpu.py|daemon_overhead.py|llama-server"
-
-
-def others_running() -> list[str]:
-    """Heavy jobs of other people: they share the 2 cores with us."""
-    out = subprocess.run(["pgrep", "-af", OTHERS], capture_output=True, text=True).stdout
-    mine = {str(s.proc.pid) for s in Server.live} | {str(os.getpid())}
-    return [line for line in out.splitlines()
-            if line.split(maxsplit=1)[0] not in mine and "pgrep" not in line]
-
-
-def wait_for_quiet(limit: float) -> list[str]:
-    """Poll every 20 s until nobody else's heavy job runs, at most `limit` seconds; what was
-    still running when the wait ended (empty: the machine was ours)."""
-    deadline = time.monotonic() + limit
-    while (others := others_running()) and time.monotonic() < deadline:
-        print(f"  waiting for {len(others)} other job(s): {others[0][:120]}", file=sys.stderr)
-        time.sleep(20)
-    return others
-
-
-def patient(args: argparse.Namespace) -> list[str]:
-    """wait_for_quiet within --quiet-wait and what is left of the run's --quiet-total."""
-    started = time.monotonic()
-    others = wait_for_quiet(min(args.quiet_wait, max(0.0, args.quiet_total - args.waited)))
-    args.waited += time.monotonic() - started
-    return others
-
-
-def counters(runtime: str, base: str) -> dict[str, float]:
-    status, text = http(f"{base}/metrics", timeout=30)
-    if status != 200:
-        raise RuntimeError(f"/metrics answered {status}")
-    s = parse(text.decode())
-    p = METRIC_PREFIX[runtime]
-    return {k: s.total(f"{p}spec_decode_num_{k}_total")
-            for k in ("drafts", "draft_tokens", "accepted_tokens")}
-
-
-def sampling_for(runtime: str, workload: str) -> dict[str, Any]:
-    """The workload's sampling in the field names of the runtime's /v1/completions."""
-    out = dict(BUILT_IN[workload].sampling)
-    if "repeat_penalty" in out and runtime == "vllm":
-        out["repetition_penalty"] = out.pop("repeat_penalty")
-    return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (with 6 samples p95 is the largest)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has spent not idle (all cores, since boot)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal (guest time is inside user)
-    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / TICK
-
-
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds of the living processes of one process group, and of this script."""
-    total = 0.0
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid or int(d) == os.getpid():  # fields[2]: the group
-            total += (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-    return total
-
-
-def run_phase(runtime: str, server: Server, workload: str, clients: int, per_client: int,
-              max_tokens: int, args: argparse.Namespace | None = None) -> dict[str, Any]:
-    """One phase; with `args`, a phase that shared the machine (others used more than
-    --others-limit of a core during it) is measured again after waiting for the others'
-    jobs to end (out of the run's --quiet-total), up to --retries times, and the attempt
-    least disturbed is kept."""
-    attempts: list[dict[str, Any]] = []
-    for attempt in range(1 + (args.retries if args else 0)):
-        if attempt and args is not None:
-            patient(args)
-        busy0, ours0 = machine_busy_s(), group_cpu_s(server.pgid)
-        r = measure_phase(runtime, server.base, workload, clients, per_client, max_tokens)
-        busy1, ours1 = machine_busy_s(), group_cpu_s(server.pgid)
-        r["others_cores"] = round(max(0.0, (busy1 - busy0) - (ours1 - ours0)) / r["seconds"], 3)
-        r["ours_cores"] = round((ours1 - ours0) / r["seconds"], 3)
-        attempts.append(r)
-        if args is None or r["others_cores"] <= args.others_limit:
-            break
-        print(f"  phase x{clients} shared the machine (others used {r['others_cores']:.2f} "
-              f"core, {r['tps']} tok/s): measuring it again", file=sys.stderr)
-    best = min(attempts, key=lambda a: a["others_cores"])
-    best["attempts"] = len(attempts)
-    best["others_cores_attempts"] = [a["others_cores"] for a in attempts]
-    best["tps_attempts"] = [a["tps"] for a in attempts]
-    return best
-
-
-def measure_phase(runtime: str, base: str, workload: str, clients: int, per_client: int,
-                  max_tokens: int) -> dict[str, Any]:
-    prompts = BUILT_IN[workload].prompts
-    sampling = sampling_for(runtime, workload)
-    latencies: list[float] = []
-    tokens = [0]
-    errors: list[str] = []
-    lock = threading.Lock()
-
-    def client(c: int) -> None:
-        for i in range(per_client):
-            body = {"model": "gemma", "prompt": prompts[(c + i) % len(prompts)],
-                    "max_tokens": max_tokens, "ignore_eos": True, **sampling}
-            t0 = time.monotonic()
-            try:
-                status, raw = http(f"{base}/v1/completions", body)
-                n = int(json.loads(raw)["usage"]["completion_tokens"]) if status == 200 else 0
-            except (OSError, ValueError, KeyError) as e:
-                status, raw, n = -1, repr(e).encode(), 0
-            dt = time.monotonic() - t0
-            with lock:
-                if status != 200:
-                    errors.append(f"{status}: {raw[:200]!r}")
-                    continue
-                latencies.append(dt)
-                tokens[0] += n
-
-    before = counters(runtime, base)
-    seconds = run_clients(client, clients)
-    time.sleep(0.5)  # vLLM publishes its counters from the engine a moment after the answer
-    after = counters(runtime, base)
-    d = {k: after[k] - before[k] for k in before}
-    if errors:
-        raise RuntimeError(f"{len(errors)} failed request(s), first: {errors[0]}")
-    return {"clients": clients, "requests": len(latencies), "tokens": tokens[0],
-            "seconds": round(seconds, 2), "tps": round(tokens[0] / seconds, 2),
-            "p50_s": round(percentile(latencies, 50), 3),
-            "p95_s": round(percentile(latencies, 95), 3),
-            "per_request_tps": [round(max_tokens / x, 1) for x in latencies],
-            "latencies_s": [round(x, 3) for x in latencies],
-            "drafts": int(d["drafts"]), "draft_tokens": int(d["draft_tokens"]),
-            "accepted": int(d["accepted_tokens"]),
-            "acceptance": round(d["accepted_tokens"] / d["draft_tokens"], 3)
-            if d["draft_tokens"] else None,
-            "draft_per_draft": round(d["draft_tokens"] / d["drafts"], 2) if d["drafts"] else None}
 
 
 def llamacpp_server(flags: list[str], log: Path) -> Server:
@@ -259,15 +104,7 @@ def vllm_server(spec: dict[str, Any] | None, log: Path) -> Server:
     model = vllm_provision.hf_model_path()
     if python is None or not (model / "config.json").exists():
         raise SystemExit("run `.venv/bin/specfleet setup --runtime vllm` first")
-    port = free_port()
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "gemma",
-           "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager"]
-    if spec is not None:
-        cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    env.pop("LD_PRELOAD", None)
-    return Server(cmd, env, port, log)
+    return start_vllm(python, model, "gemma", spec, log)
 
 
 def merge(rounds: list[dict[str, Any]], workloads: list[str]) -> dict[str, Any]:
@@ -357,85 +194,6 @@ def measure_setting(runtime: str, name: str, spec: Any, workloads: list[str],
         rec["log_lines"] = [ln for ln in log.read_text(errors="replace").splitlines()
                             if "per_batch_size" in ln or "ynamic speculative" in ln][:10]
     return rec
-
-
-def analyse(runtime: str, settings: dict[str, Any], workload: str) -> dict[str, Any] | None:
-    """Ratios vs off per phase, the oracle per phase, whether it moves, and the noise."""
-    ok = {n: r[workload] for n, r in settings.items() if "error" not in r and workload in r}
-    if "off" not in ok:
-        return None
-    phases = [str(c) for c in (1, CLIENTS)]
-    ranked = {n: r for n, r in ok.items() if n != "off#2"}
-    best = {p: max(ranked, key=lambda n, p=p: ranked[n][p]["tps"]) for p in phases}
-    res: dict[str, Any] = {
-        "ratio_vs_off": {n: {p: round(r[p]["tps"] / ok["off"][p]["tps"], 3) for p in phases}
-                         for n, r in ok.items()},
-        "oracle": best,
-        "moves": best["1"] != best[str(CLIENTS)],
-        # What the 1-client optimum gives at 8 clients / the 8-client optimum, and back.
-        "best1_at_8_vs_best8": round(ranked[best["1"]][str(CLIENTS)]["tps"]
-                                     / ranked[best[str(CLIENTS)]][str(CLIENTS)]["tps"], 3),
-        "best8_at_1_vs_best1": round(ranked[best[str(CLIENTS)]]["1"]["tps"]
-                                     / ranked[best["1"]]["1"]["tps"], 3),
-    }
-    noise: dict[str, Any] = {}
-    for p in phases:
-        per_req = ok["off"][p]["per_request_tps"]
-        noise[p] = {"per_request_cv": round(statistics.pstdev(per_req) / statistics.mean(per_req),
-                                            3)}
-        if "off#2" in ok:
-            a, b = ok["off"][p]["tps"], ok["off#2"][p]["tps"]
-            noise[p]["off_repeat_ratio"] = round(b / a, 3)
-            noise[p]["off_spread"] = round(abs(a - b) / ((a + b) / 2), 3)
-        spreads = {n: (max(r[p]["tps_rounds"]) - min(r[p]["tps_rounds"])) / r[p]["tps"]
-                   for n, r in ranked.items() if len(r[p]["tps_rounds"]) > 1}
-        if spreads:  # the range of tokens/s over the rounds, relative to their median
-            noise[p]["off_rounds_spread"] = round(spreads.get("off", float("nan")), 3)
-            noise[p]["median_rounds_spread"] = round(statistics.median(spreads.values()), 3)
-            noise[p]["max_rounds_spread"] = round(max(spreads.values()), 3)
-    res["noise"] = noise
-    return res
-
-
-def print_table(runtime: str, settings: dict[str, Any], workload: str,
-                a: dict[str, Any]) -> list[str]:
-    lines = [f"{runtime} / {workload}: aggregate tokens/s per phase (ratio vs off in the "
-             "same phase), request latency p50/p95 s, acceptance, draft tokens per draft, "
-             "cores used by other processes during the phase (worst round)",
-             f"{'setting':<11}{'phase':>6}{'tok/s':>8}{'/off':>7}{'p50':>7}{'p95':>7}"
-             f"{'accept':>8}{'d/draft':>8}{'others':>7}  rounds"]
-    for name, rec in settings.items():
-        if "error" in rec:
-            lines.append(f"{name:<11}  FAILED: {rec['error'].splitlines()[0][:100]}")
-            continue
-        if workload not in rec:
-            continue
-        for p in ("1", str(CLIENTS)):
-            r = rec[workload][p]
-            acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-            dpd = f"{r['draft_per_draft']:.2f}" if r["draft_per_draft"] is not None else "-"
-            lines.append(f"{name if p == '1' else '':<11}{p + 'c':>6}{r['tps']:>8.1f}"
-                         f"{a['ratio_vs_off'][name][p]:>7.2f}{r['p50_s']:>7.2f}"
-                         f"{r['p95_s']:>7.2f}{acc:>8}{dpd:>8}{r['others_cores']:>7.2f}  "
-                         + (" ".join(f"{x:.0f}" for x in r["tps_rounds"])
-                            if len(r["tps_rounds"]) > 1 else ""))
-    b1, b8 = a["oracle"]["1"], a["oracle"][str(CLIENTS)]
-    lines.append(f"oracle: 1 client -> {b1} ({a['ratio_vs_off'][b1]['1']:.2f}x off), "
-                 f"{CLIENTS} clients -> {b8} ({a['ratio_vs_off'][b8][str(CLIENTS)]:.2f}x off)")
-    lines.append(f"optimum {'MOVES' if a['moves'] else 'does not move'}: the 1-client optimum "
-                 f"at {CLIENTS} clients gives {a['best1_at_8_vs_best8']:.3f}x the "
-                 f"{CLIENTS}-client optimum; the {CLIENTS}-client optimum at 1 client gives "
-                 f"{a['best8_at_1_vs_best1']:.3f}x the 1-client optimum")
-    for p, n in a["noise"].items():
-        extra = (f", off repeated last: {n['off_repeat_ratio']:.3f}x the first "
-                 f"(spread {100 * n['off_spread']:.1f} %)" if "off_repeat_ratio" in n else "")
-        if "median_rounds_spread" in n:
-            extra += (f", range over rounds / median: off {100 * n['off_rounds_spread']:.1f} %, "
-                      f"median setting {100 * n['median_rounds_spread']:.1f} %, largest "
-                      f"{100 * n['max_rounds_spread']:.1f} %")
-        lines.append(f"noise {p}c: per-request tokens/s CV {100 * n['per_request_cv']:.1f} %"
-                     + extra)
-    return lines
 
 
 def main() -> int:

@@ -90,6 +90,25 @@ class Server:
             Server.live.remove(self)
 
 
+def vllm_server(python: Path, model: Path, served_name: str, spec: dict[str, Any] | None,
+                log: Path, *, eager: bool = True, env: dict[str, str] | None = None) -> Server:
+    """vLLM's OpenAI server on the CPU (the HF copy of gemma-3-270m, bf16, 1 GiB of KV
+    cache, offline), in a process group of its own; `spec` its --speculative-config (None:
+    no speculation), `env` added to the environment (LD_PRELOAD is cleared unless set
+    there: a preload of the daemon's own does not belong in vLLM)."""
+    port = free_port()
+    full = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    full.pop("LD_PRELOAD", None)
+    full.update(env or {})
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
+           "--max-model-len", "2048", "--dtype", "bfloat16",
+           *(["--enforce-eager"] if eager else [])]
+    if spec is not None:
+        cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    return Server(cmd, full, port, log)
+
+
 def tail(log: Path, lines: int = 30) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])

@@ -67,6 +67,7 @@ from supervisor.plugin import assemble_example_model  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from serverproc import free_port, http  # noqa: E402
+from tuner_report import Tally, down_intervals, report  # noqa: E402
 
 PHASES = ["code", "prose", "code"]
 # None: speculation off; (variant, length): another n-gram variant.
@@ -183,67 +184,6 @@ class Fleet:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(120)
         self.err.close()
-
-
-def down_intervals(events: list[dict[str, Any]], name: str, end: float) -> list[tuple[float,
-                                                                                      float]]:
-    """When the target was not ready, after it first was: (left ready, ready again)."""
-    out, left, seen_ready = [], None, False
-    for e in events:
-        if e.get("target") != name or e.get("kind") != "state":
-            continue
-        if e.get("new") == "ready":
-            if left is not None:
-                out.append((left, e["time"]))
-            left, seen_ready = None, True
-        elif e.get("old") == "ready" and seen_ready:
-            left = e["time"]
-    if left is not None:
-        out.append((left, end))
-    return out
-
-
-def outside(intervals: list[tuple[float, float]], own: list[tuple[float, float]],
-            start: float, end: float) -> float:
-    """Seconds of `intervals`, clipped to [start, end], not covered by `own`."""
-    total = 0.0
-    for a, b in intervals:
-        a, b = max(a, start), min(b, end)
-        if b <= a:
-            continue
-        covered = sum(max(0.0, min(b, y) - max(a, x)) for x, y in own)
-        total += (b - a) - covered
-    return total
-
-
-class Tally:
-    """One strategy's phase: tokens, draft counts, its request intervals (failed included)."""
-
-    def __init__(self) -> None:
-        self.tokens = self.draft = self.accepted = self.done = 0
-        self.requests: list[tuple[float, float]] = []
-        self.chunk = [0, 0]
-
-    def add(self, timings: dict[str, Any]) -> None:
-        self.done += 1
-        self.tokens += int(timings.get("predicted_n", 0))
-        for i, key in enumerate(("draft_n", "draft_n_accepted")):
-            self.chunk[i] += int(timings.get(key, 0))
-        self.draft += int(timings.get("draft_n", 0))
-        self.accepted += int(timings.get("draft_n_accepted", 0))
-
-    def take_chunk(self) -> float | None:
-        drafted, accepted = self.chunk
-        self.chunk = [0, 0]
-        return accepted / drafted if drafted else None
-
-    def result(self, down: list[tuple[float, float]], start: float, end: float) -> dict[str, Any]:
-        own = sum(b - a for a, b in self.requests)
-        waited = outside(down, self.requests, start, end)
-        seconds = own + waited
-        return {"tokens": self.tokens, "seconds": round(seconds, 2),
-                "restart_s": round(waited, 2), "tps": round(self.tokens / seconds, 2),
-                "acceptance": round(self.accepted / self.draft, 3) if self.draft else None}
 
 
 class Rule:
@@ -389,54 +329,6 @@ def main() -> int:
     results_dir.mkdir(exist_ok=True)
     (results_dir / args.out).write_text(json.dumps(out, indent=1))
     return 0
-
-
-def total(rows: list[dict[str, Any]]) -> float:
-    return sum(x["tokens"] for x in rows) / sum(x["seconds"] for x in rows)
-
-
-def report(out: dict[str, Any]) -> str:
-    lines = []
-    for case, data in out["cases"].items():
-        r, phases = data["results"], data["phases"]
-        fixed = [name for name in r if name.startswith("fixed-")]
-        oracle = [max(fixed, key=lambda f, i=i: r[f][i]["tps"]) for i in range(len(phases))]
-        lines.append(f"\n{case}: tokens/s per phase ({data['targets']} targets interleaved; "
-                     "restarts charged)")
-        lines.append("strategy         " + "".join(f"{p:>22}" for p in phases) + "     total")
-        for name in r:
-            cells = "".join(f"{x['tps']:>10.1f} (restart {x['restart_s']:>4.1f}s)"
-                            for x in r[name])
-            lines.append(f"{name:<16} {cells} {total(r[name]):>9.1f}")
-        lines.append("oracle (best fixed per phase): " + ", ".join(
-            f"{p} {o} {r[o][i]['tps']:.1f}" for i, (p, o) in enumerate(zip(phases, oracle,
-                                                                          strict=True))))
-        tuned = r["tuned"]
-        per_phase = [tuned[i]["tps"] / r[o][i]["tps"] for i, o in enumerate(oracle)]
-        oracle_total = (sum(r[o][i]["tokens"] for i, o in enumerate(oracle))
-                        / sum(r[o][i]["seconds"] for i, o in enumerate(oracle)))
-        lines.append("tuned / oracle per phase: " + ", ".join(f"{x:.2f}" for x in per_phase)
-                     + "  (goal >= 0.95)")
-        lines.append(f"tuned / rule of thumb, whole run: {total(tuned) / total(r['rule']):.2f}"
-                     "  (goal >= 1.10)")
-        lines.append(f"oracle / rule of thumb, whole run: {oracle_total / total(r['rule']):.2f}"
-                     "  (the most any strategy could reach)")
-        off = r["fixed-off"]
-        lines.append("tuned / speculation off per phase: " + ", ".join(
-            f"{t['tps'] / o['tps']:.2f}" for t, o in zip(tuned, off, strict=True)))
-        if "fixed-64" in r:
-            lines.append("noise: defaults / fixed-64 (the same flags) per phase: " + ", ".join(
-                f"{a['tps'] / b['tps']:.2f}" for a, b in zip(r["defaults"], r["fixed-64"],
-                                                             strict=True)))
-        warm = data.get("warmup", {})
-        if "tuned" in warm:
-            best = max((f for f in fixed if f in warm), key=lambda f: warm[f]["tps"])
-            lines.append(f"warm-up ({warm['tuned']['tokens']} tokens each, not counted): tuned "
-                         f"{warm['tuned']['tps']:.1f} tokens/s, rule {warm['rule']['tps']:.1f}, "
-                         f"best fixed {best} {warm[best]['tps']:.1f}")
-        lines.append("tuning decisions: " + "; ".join(
-            f"{e['action']} {e['old']}->{e['new']}" for e in data["tuning_events"]))
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

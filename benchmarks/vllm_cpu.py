@@ -57,7 +57,8 @@ from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 from supervisor.plugin.promtext import parse  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from serverproc import Server, free_port, group_alive, http  # noqa: E402
+from serverproc import Server, group_alive, http  # noqa: E402
+from serverproc import vllm_server as start_vllm  # noqa: E402
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
         "prompt_lookup_max": 4}
@@ -89,17 +90,8 @@ CPUS = os.cpu_count() or 1
 def vllm_server(python: Path, model: Path, eager: bool, iomp: Path | None,
                 extra_env: dict[str, str], log: Path) -> Server:
     """One vLLM server (the API server and its engine) in a process group of its own."""
-    port = free_port()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", **extra_env)
-    env.pop("LD_PRELOAD", None)
-    if iomp is not None:
-        env["LD_PRELOAD"] = str(iomp)
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
-           "--speculative-config", json.dumps(SPEC, separators=(",", ":")),
-           "--max-model-len", "2048", "--dtype", "bfloat16",
-           *(["--enforce-eager"] if eager else [])]
-    return Server(cmd, env, port, log)
+    env = {**extra_env, **({"LD_PRELOAD": str(iomp)} if iomp is not None else {})}
+    return start_vllm(python, model, "bench", SPEC, log, eager=eager, env=env)
 
 
 def counters(base: str) -> tuple[float, float]:

@@ -142,6 +142,14 @@ def test_no_module_is_longer_than_350_lines():
     assert long == {}
 
 
+def test_no_benchmark_is_longer_than_350_lines():
+    """The benchmarks share their server start (serverproc.py) and keep their pure reports
+    apart (load_report.py, tuner_report.py, ...): a saved run can be re-read with them."""
+    long = {p.name: n for p in sorted((REPO / "benchmarks").glob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
 def test_no_class_has_more_than_25_methods():
     """A class past this does more than one job (the owner once had 46 methods over three
     files, mixins with stub methods included)."""
