@@ -38,6 +38,21 @@ CRASH_AND_RESTART = [("ready", "backoff"), ("backoff", "starting"), ("starting",
                      ("loading", "ready")]
 
 
+def crash_seen(transitions: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The transitions with a health probe's "degraded" folded away where it came right
+    before the exit: a probe in flight when the server is killed fails in the same instant
+    the exit is reaped, and either may reach the owner first (a loaded Xeon once saw the
+    probe first: ready -> degraded -> backoff). Any other degraded stays and fails the test."""
+    out = []
+    for old, new in transitions:
+        if out and out[-1] == ("ready", "degraded") and old == "degraded" and new in (
+                "backoff", "failed"):
+            out[-1] = ("ready", new)
+        else:
+            out.append((old, new))
+    return out
+
+
 def test_quickstart_fleet_reaches_ready_and_the_ngram_target_counts_drafts(
         tmp_path, model, llama_server_bin, start_daemon):
     daemon = start_daemon(quickstart_fleet(tmp_path, model, llama_server_bin))
@@ -75,9 +90,16 @@ def test_kill_9_of_a_server_leads_back_to_ready_with_one_restart(
              and daemon.target("chat")["state"] == "ready", 60, "the restart")
     again = daemon.target("chat")
     assert again["pid"] != first["pid"]
-    assert daemon.transitions("chat") == NORMAL_START + CRASH_AND_RESTART
+    assert crash_seen(daemon.transitions("chat")) == NORMAL_START + CRASH_AND_RESTART
     backoff = next(e for e in daemon.events("chat") if e.get("new") == "backoff")
     assert "SIGKILL" in backoff["reason"]
+
+
+def test_the_fold_keeps_any_other_degraded():
+    seen = [("ready", "degraded"), ("degraded", "backoff")]
+    assert crash_seen(seen) == [("ready", "backoff")]
+    assert crash_seen([("ready", "degraded"), ("degraded", "ready")]) == [
+        ("ready", "degraded"), ("degraded", "ready")]
 
 
 def test_crash_loop_gives_up_after_max_crashes_and_says_why(
@@ -91,7 +113,7 @@ def test_crash_loop_gives_up_after_max_crashes_and_says_why(
              and daemon.target("loopy")["pid"] != pid, 60, "the first restart")
     os.kill(daemon.target("loopy")["pid"], signal.SIGKILL)
     failed = daemon.wait_state("loopy", "failed", 30)
-    assert daemon.transitions("loopy") == (
+    assert crash_seen(daemon.transitions("loopy")) == (
         NORMAL_START + CRASH_AND_RESTART + [("ready", "failed")])
     assert "2 crashes within 10m" in failed["last_event"]["reason"]
     assert failed["pid"] is None

@@ -11,29 +11,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from supervisor.api import litellm
-from supervisor.api.activity import RequestLog
-from supervisor.api.token import read_api_token
 from supervisor.atomicfile import LOG_ONLY, StateReport
 from supervisor.config.loader import load_fleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.daemon.history import History
 from supervisor.daemon.ondemand import OnDemandLoader
 from supervisor.errors import FleetFileError
-from supervisor.events import Event, EventBus
+from supervisor.events import EventBus
 from supervisor.gpu.placement import Placer, held_vram
 from supervisor.plugin.launching import Launcher, local_pid
 from supervisor.plugin.registry import Registry
 from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.runrecord import RunRecorder
-from supervisor.supervision.served import Served
 from supervisor.supervision.states import State
 from supervisor.tuning.store import TuningStore
 
@@ -58,7 +53,6 @@ class FleetSupervisors:
         self.records = RunRecorder(state_dir, report)
         self.supervisors: dict[str, TargetSupervisor] = {}
         self.on_demand = OnDemandLoader(lambda: self.supervisors, placer)
-        self.activity = RequestLog()
         self.histories = History(state_dir / "history", report=report)
         events.subscribe(self.histories.mark)
         # target -> (the counters last put in the history, when)
@@ -199,59 +193,9 @@ class FleetSupervisors:
         if (sup := self.supervisors.get(name)) is not None:
             sup.resources = usage
 
-    # --- the FleetView the HTTP side uses ---
-
-    @property
-    def fleet_file(self) -> str:
-        return str(self.fleet_path)
-
     def daemon_info(self) -> dict[str, Any]:
         return {**self._daemon_info(), "last_reload": self.last_reload,
                 "rejected_reload": self.rejected_reload}
-
-    def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
-        return [asdict(s.status()) for n, s in self.supervisors.items()
-                if names is None or n in names]
-
-    def target_names(self) -> list[str]:
-        return list(self.supervisors)
-
-    def served_target(self, name: str) -> Served | None:
-        sup = self.supervisors.get(name)
-        return sup.served if sup is not None else None
-
-    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
-        return self.events.subscribe(fn)
-
-    def api_token(self) -> str | None:
-        """The API token, read from its source each time (a rotated file takes effect)."""
-        return read_api_token(self.fleet)
-
-    def _export_info(self, target: Target) -> dict[str, Any]:
-        return self.registry.launcher_class(target).export_info(target)
-
-    def litellm_config(self) -> dict[str, Any]:
-        """The export; from the running daemon also the Ray node each target runs on now."""
-        config = litellm.config(self.fleet, self._export_info)
-        for entry in config["model_list"]:
-            sup = self.supervisors.get(entry["model_name"])
-            node = sup.placement.get("node") if sup is not None else None
-            if node:
-                entry["model_info"]["node"] = node
-        return config
-
-    # --- for the status page (docs/ui.md) ---
-
-    def record_request(self, target: str, status: int, started: float, duration: float,
-                       stream: bool, final: dict[str, Any] | None,
-                       error: str | None = None) -> None:
-        self.activity.record(target, status, started, duration, stream, final, error)
-
-    def recent_requests(self, limit: int | None = None) -> list[dict[str, Any]]:
-        return self.activity.recent(limit)
-
-    def history(self, name: str, since: float | None = None) -> dict[str, Any]:
-        return self.histories.view(name, since)
 
     def sample_history(self, now: float) -> None:
         """Each target's shown quantities, when its counters were read anew, at most every
@@ -264,27 +208,3 @@ class FleetSupervisors:
                 continue
             self._sampled[name] = (sup.metrics, now)
             self.histories.sample(name, sup.status().shown, now)
-
-    def log_tail(self, name: str, lines: int) -> list[str]:
-        """The last `lines` lines of the target's log file (its runtime's output)."""
-        sup = self.supervisors.get(name)
-        if sup is None or not sup.log_file:
-            return []
-        return tail_lines(Path(sup.log_file), lines)
-
-
-def tail_lines(path: Path, lines: int, chunk: int = 65536) -> list[str]:
-    """The last `lines` lines of a file, reading only as much of its end as needed."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            data = b""
-            while size > 0 and data.count(b"\n") <= lines:
-                step = min(chunk, size)
-                size -= step
-                f.seek(size)
-                data = f.read(step) + data
-    except OSError:
-        return []
-    return data.decode(errors="replace").splitlines()[-lines:]

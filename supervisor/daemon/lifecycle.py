@@ -28,6 +28,7 @@ from supervisor.config.loader import LoadedFleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.daemon import statusfile
 from supervisor.daemon.fleet import FleetSupervisors
+from supervisor.daemon.fleetapi import FleetApi
 from supervisor.daemon.logs import get_logger
 from supervisor.daemon.notify import Notifier
 from supervisor.daemon.statedir import StateDirHealth
@@ -63,8 +64,9 @@ class Daemon:
         self.targets.before_apply = self._before_reload
         self.targets.after_apply = self._after_reload
         self.targets.on_owner_error = self._owner_ended
-        self.api = ApiServer(self.targets)
-        self.proxy = Proxy(self.targets, settings.proxy.hold)
+        view = FleetApi(self.targets)  # what the HTTP side reads
+        self.api = ApiServer(view)
+        self.proxy = Proxy(view, settings.proxy.hold)
         self.monitor = ResourceMonitor(settings.gpu, self.targets.running_pids,
                                        self.targets.publish_usage, self._headroom_alert)
         self._signals: asyncio.Queue[int] = asyncio.Queue()
