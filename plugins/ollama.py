@@ -47,6 +47,7 @@ from supervisor.plugin import (
     Target,
     check_binary_found,
     check_options,
+    command_binary,
     cuda_env,
     find_out_of_memory,
     hookimpl,
@@ -185,7 +186,7 @@ class OllamaBackend(Backend):
             # The server is not ours: only the Modelfile is written; `ollama create` and the
             # load go to the server at host:port.
             return LaunchSpec((f"(the Ollama server at {t.base_url})",), {}, files=files)
-        return LaunchSpec((self.command_binary(), "serve"), env, files=files)
+        return LaunchSpec((command_binary(self), "serve"), env, files=files)
 
     def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         files = self.model_files()

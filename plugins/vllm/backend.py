@@ -61,6 +61,7 @@ from supervisor.plugin import (
     api_key,
     check_binary_found,
     check_options,
+    command_binary,
     cuda_env,
     find_out_of_memory,
     openai_completion,
@@ -143,7 +144,7 @@ class VllmBackend(Backend):
         return str(found)
 
     def entry_point(self) -> EntryPoint:
-        return entry_point_of(self.command_binary())
+        return entry_point_of(command_binary(self))
 
     async def preflight(self) -> RuntimeInfo:
         entry = entry_point_of(self.resolve_binary())

@@ -138,14 +138,6 @@ class Backend:
                 f"'{self.target.name}'")
         return found
 
-    def command_binary(self) -> str:
-        """The executable for a command line: resolved, or its bare name when it is not
-        installed here (`check` on another machine than the GPU host; `preflight` refuses)."""
-        try:
-            return self.resolve_binary()
-        except SpecfleetError:
-            return self.target.binary or self.default_binary
-
     async def preflight(self) -> RuntimeInfo:
         """Checks that need the runtime itself (its version, its flags); raise SpecfleetError."""
         if self.target.binary or self.default_binary:

@@ -23,6 +23,7 @@ class Backend(Protocol):
     """What these helpers use of a backend (plugin/backend.py's Backend)."""
 
     target: Target
+    default_binary: str
 
     @property
     def base_url(self) -> str: ...
@@ -58,6 +59,15 @@ def check_binary_found(backend: Callable[[Target], Backend], target: Target) -> 
             return [Problem(("binary",), str(exc))]
         return [Problem((), f"{exc} (the target cannot start on this machine)", "warning")]
     return []
+
+
+def command_binary(backend: Backend) -> str:
+    """The executable for a command line: resolved, or its bare name when it is not
+    installed here (`check` on another machine than the GPU host; `preflight` refuses)."""
+    try:
+        return backend.resolve_binary()
+    except SpecfleetError:
+        return backend.target.binary or backend.default_binary
 
 
 def cuda_env(target: Target, placement: Assignment | None) -> dict[str, str]:

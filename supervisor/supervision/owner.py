@@ -233,21 +233,15 @@ class TargetSupervisor:
         """Start the process and supervise it until it fails or a command interrupts it."""
         self._set_state(State.STARTING, self._pending_reason)
         try:
-            started = await self._start_process()
-            if isinstance(started, Failure):
-                return started
+            try:
+                started = await self._launch()
+            except (StartRefused, SpecfleetError, OSError) as exc:
+                self.failure_output = None
+                return start_failure(self.name, exc)  # a start that cannot succeed: final
             return await self._supervise(started)
         finally:
             if self.placer is not None:
                 self.placer.released(self.name)
-
-    async def _start_process(self) -> RunningProcess | Failure:
-        """Start (or adopt) the process; a start that cannot succeed is a final Failure."""
-        try:
-            return await self._launch()
-        except (StartRefused, SpecfleetError, OSError) as exc:
-            self.failure_output = None
-            return start_failure(self.name, exc)
 
     async def _launch(self) -> RunningProcess:
         """Preflight, the pairing guard, placement; then adopt a running unit or start anew."""
