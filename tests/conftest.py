@@ -125,6 +125,19 @@ def write_fleet(directory: Path, targets: dict[str, Any], name: str = "fleet.yam
     return path
 
 
+def pip_install_plugin(package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Install a plugin package as a third party would: pip builds it (setuptools from the
+    index) into a directory of its own, kept out of the project's environment, which is put
+    on PYTHONPATH for the commands and daemons the test starts."""
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--target", str(target), str(package)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    monkeypatch.setenv("PYTHONPATH", str(target))
+    return target
+
+
 def runtime_pids(marker: str) -> list[int]:
     """Processes whose command line mentions `marker` (a per-test path), excluding pytest."""
     out = []

@@ -12,20 +12,14 @@ import sys
 import psutil
 import pytest
 
-from tests.conftest import REPO, llama_target, wait_for, write_fleet
+from tests.conftest import REPO, llama_target, pip_install_plugin, wait_for, write_fleet
 
 PACKAGE = REPO / "examples" / "specfleet-launcher-nice"
 
 
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
-    target = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                           "--target", str(target), str(PACKAGE)],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    monkeypatch.setenv("PYTHONPATH", str(target))
-    return target
+    return pip_install_plugin(PACKAGE, tmp_path, monkeypatch)
 
 
 def check(fleet):

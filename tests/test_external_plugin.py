@@ -11,22 +11,22 @@ import sys
 
 import pytest
 
-from tests.conftest import FAST_HEALTH, FAST_RESTART, REPO, free_port, wait_for, write_fleet
+from tests.conftest import (
+    FAST_HEALTH,
+    FAST_RESTART,
+    REPO,
+    free_port,
+    pip_install_plugin,
+    wait_for,
+    write_fleet,
+)
 
 PACKAGE = REPO / "examples" / "specfleet-openai-command"
 
 
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
-    target = tmp_path / "site"
-    # As a third party would: pip builds the package (setuptools from the index) and
-    # installs it; --target keeps it out of the project's own environment.
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                           "--target", str(target), str(PACKAGE)],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    monkeypatch.setenv("PYTHONPATH", str(target))
-    return target
+    return pip_install_plugin(PACKAGE, tmp_path, monkeypatch)
 
 
 def test_the_example_backend_is_installed_and_a_target_on_it_is_supervised(
