@@ -12,6 +12,7 @@ launcher implements only what it has.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ def traits_for(name: str) -> LauncherTraits:
     return _DECLARED.get(name, LauncherTraits())
 
 
-class RunningProcess:
+class RunningProcess(abc.ABC):
     """A started target, whatever runs it. Launchers subclass it (the built-in ones through
     launcher/running.py); `pid_is_local` and `location` say where it runs."""
 
@@ -58,14 +59,17 @@ class RunningProcess:
     pid_is_local: bool = True  # the pid names a process in this machine's /proc
     location: dict[str, str] = {}  # noqa: RUF012 - {"node", "node_id", "address"} on another node
 
+    @abc.abstractmethod
     async def wait(self) -> int:
         """Wait for exit (and for its output to be drained); return the exit status."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def stop(self, grace: float) -> int:
         """SIGTERM, `grace` seconds, then SIGKILL; everything the process started goes too."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def kill(self) -> None:
         """SIGKILL at once (a hung or stopped process does not answer SIGTERM)."""
         raise NotImplementedError
@@ -110,7 +114,7 @@ class LauncherContext:
         return self.settings.logs.expanduser()
 
 
-class Launcher:
+class Launcher(abc.ABC):
     """Base class of every launcher. `name` is the fleet file's `launcher:` value."""
 
     name: ClassVar[str] = ""
@@ -139,6 +143,7 @@ class Launcher:
 
     # --- running a target ---
 
+    @abc.abstractmethod
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> RunningProcess:
         """Start the target; `on_line` gets each output line where the launcher sees them."""
@@ -171,6 +176,7 @@ class Launcher:
     async def prepare(self, fleet: Fleet) -> None:
         """Before targets of `fleet` start (at start, and before a reload applies it):
         connect to what this launcher needs, if the fleet or what it left behind uses it."""
+        return None  # a default that does nothing: most launchers need no connection
 
     async def remove_leftovers(self, fleet: Fleet) -> list[str]:
         """Stop and remove what this launcher runs for targets that `fleet` no longer gives
@@ -179,6 +185,7 @@ class Launcher:
 
     async def close(self) -> None:
         """The daemon is stopping: let go of connections (targets are stopped already)."""
+        return None
 
     # --- helpers for subclasses ---
 
