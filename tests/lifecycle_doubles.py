@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from supervisor.gpu.vram import Estimate
 from supervisor.plugin import (
     Backend,
     Failure,
@@ -49,6 +50,8 @@ class World:
     adoptable: FakeProcess | None = None
     probes: int = 0
     metrics: MetricsSample | None = None  # what read_metrics answers
+    start_readiness: Readiness | None = None  # what probes answer from the next start on
+    memory: int | None = 1024  # bytes the runtime's memory estimate says (None: no estimate)
 
 
 class FakeProcess(RunningProcess):
@@ -93,13 +96,15 @@ class FakeProcess(RunningProcess):
 class FakeLauncher(Launcher):
     name = "fake"
 
-    def __init__(self, world: World, detaches: bool = False) -> None:
+    def __init__(self, world: World, detaches: bool = False, beside: bool = False) -> None:
         self.world = world
-        self.traits = LauncherTraits(detaches=detaches)  # type: ignore[misc]
+        self.traits = LauncherTraits(detaches=detaches, beside=beside)  # type: ignore[misc]
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> FakeProcess:
         self.world.starts.append(spec)
+        if self.world.start_readiness is not None:
+            self.world.readiness, self.world.start_readiness = self.world.start_readiness, None
         proc = FakeProcess(self.world)
         self.world.processes.append(proc)
         if self.world.exit_at_start is not None:
@@ -126,6 +131,14 @@ class FakeBackend(Backend):
     def launch_spec(self, draft_length: int | None = None, speculation: bool = True,
                     placement: Any = None) -> LaunchSpec:
         return LaunchSpec(("fake-runtime", "--port", str(self.target.port)))
+
+    def at_port(self, port: int) -> Backend:
+        moved = super().at_port(port)
+        moved.world = self.world  # type: ignore[attr-defined]
+        return moved
+
+    def memory_estimate(self, on_gpu: bool) -> Estimate | None:
+        return Estimate(weights=self.world.memory) if self.world.memory is not None else None
 
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
         self.world.probes += 1

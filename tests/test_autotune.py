@@ -128,3 +128,29 @@ def test_a_workload_that_stops_drafting_is_a_drift_though_its_acceptance_never_m
     assert len(drift) == 1, drift
     assert drift[0][1].startswith("the share of steps with a draft drifted down")
     assert drift[0][2]["acceptance_rate"] is None and drift[0][2]["draft_fraction"] == 0.0
+
+
+def test_a_decision_is_applied_on_a_busy_server_when_the_restart_costs_no_service(tmp_path):
+    tuner, _ = make(tmp_path, max_wait=3600)
+    tuner.restart_is_free = lambda: True  # the new server starts beside the old one
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.observe(sample(10, 7.0, 100, 1.0, busy=1))  # ngram-mod warming up
+    reason = tuner.observe(sample(50, 7.0, 500, 5.0, busy=4))  # busy all along
+    assert reason is not None and "measuring throughput without speculation" in reason
+
+
+def test_a_restart_in_place_waits_no_longer_than_its_cost_is_worth(tmp_path):
+    clock = [0.0]
+    tuner, _ = make(tmp_path, max_wait=3600, min_gain=0.05)
+    tuner.clock = lambda: clock[0]
+    tuner.restart_seconds = 4.0  # the last start took 4 s to become ready
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.observe(sample(10, 7.0, 100, 1.0, busy=1))
+    assert tuner.observe(sample(50, 7.0, 500, 5.0, busy=3)) is None  # pending, server busy
+    view = tuner.view()
+    # No predicted gain for a baseline: valued at min_gain, 4 s / 5 % = 80 s.
+    assert view["pending"] and "80s" in view["waiting_for"]
+    clock[0] = 79.0
+    assert tuner.observe(sample(51, 7.0, 510, 5.1, busy=3)) is None
+    clock[0] = 80.5
+    assert tuner.observe(sample(52, 7.0, 520, 5.2, busy=3)) is not None  # busy, applied anyway

@@ -84,7 +84,8 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
     async with aiohttp.ClientSession() as http:
 
         def start(detaches: bool = False, clock: Callable[[], float] | None = None,
-                  adopt: bool = False, unloaded: bool = False, **over: Any) -> Run:
+                  adopt: bool = False, unloaded: bool = False, beside: bool = False,
+                  proxied: bool = True, **over: Any) -> Run:
             world = World()
             if adopt:  # a process left running by the previous daemon
                 world.adoptable = FakeProcess(world)
@@ -100,9 +101,9 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
             assert isinstance(backend, FakeBackend)
             backend.world = world
             bus, events = EventBus(), []
-            sup = TargetSupervisor(target, backend, FakeLauncher(world, detaches), bus, http,
-                                   clock=clock or FakeClock(), rand=lambda: 0.5,
-                                   unloaded=unloaded)
+            sup = TargetSupervisor(target, backend, FakeLauncher(world, detaches, beside), bus,
+                                   http, clock=clock or FakeClock(), rand=lambda: 0.5,
+                                   unloaded=unloaded, proxied=proxied)
             # The fleet's loader, as simple as it gets: every demand loads at once.
             sup.loading.on_demand = lambda name, reason: sup.send(Command.START, reason)
             run = Run(sup, world, events)

@@ -42,8 +42,9 @@ class ServedTarget(Protocol):
     def unavailable_reason(self) -> str | None:
         """Why it will not serve until someone acts; None while it serves or is coming back."""
 
-    def relaying(self) -> AbstractAsyncContextManager[None]:
-        """Entered around each proxied request: the target counts and drains them."""
+    def relaying(self) -> AbstractAsyncContextManager[str]:
+        """Entered around each proxied request: the target counts and drains them; gives the
+        address to send the request to (it changes when a new server takes over)."""
 
     def observe_timings(self, timings: dict[str, Any]) -> None: ...
 

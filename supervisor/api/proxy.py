@@ -86,8 +86,8 @@ class Proxy:
             if not await target.wait_serving(deadline - time.monotonic()):
                 return self._failed(target, began, stream, 503, self._unavailable(target))
             try:
-                async with target.relaying():
-                    response, final = await self._relay(request, target, raw)
+                async with target.relaying() as base_url:
+                    response, final = await self._relay(request, target, raw, base_url)
                 self.fleet.record_request(target.name, response.status, began,
                                           time.time() - began, stream, final)
                 return response
@@ -117,15 +117,15 @@ class Proxy:
         return (f"target {target.name!r} is {target.state_name()} and did not become ready "
                 f"within {self.hold:g}s (daemon.proxy.hold)")
 
-    async def _relay(self, request: web.Request, target: ServedTarget,
-                     raw: bytes) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+    async def _relay(self, request: web.Request, target: ServedTarget, raw: bytes,
+                     base_url: str) -> tuple[web.StreamResponse, dict[str, Any] | None]:
         """The runtime's response relayed to the client, and the object at its end that
         says what the request used (None: none, or the response was cut)."""
         assert self._session is not None
         headers = {"Content-Type": "application/json", **target.auth_headers()}
         if accept := request.headers.get("Accept"):
             headers["Accept"] = accept
-        url = f"{target.base_url}{request.path}"
+        url = f"{base_url}{request.path}"
         try:
             upstream = await self._session.post(url, data=raw, headers=headers)
         except aiohttp.ClientConnectorError as exc:

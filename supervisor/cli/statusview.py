@@ -156,9 +156,10 @@ def _notes(targets: list[dict[str, Any]]) -> list[str]:
     lines = []
     for t in targets:
         tunable = (t.get("speculation") or {}).get("tunable")
-        decision = (t.get("tuning") or {}).get("pending")
-        if decision:
-            lines.append(f"{t['name']}: tuning decision waiting for an idle server: {decision}")
+        tuning = t.get("tuning") or {}
+        if decision := tuning.get("pending"):
+            waits = tuning.get("waiting_for") or "the restart"
+            lines.append(f"{t['name']}: tuning decision ({decision}) waiting for {waits}")
         if tunable and tunable.startswith("nothing"):
             lines.append(f"{t['name']}: {tunable}")
         for warning in t.get("warnings") or []:

@@ -112,6 +112,15 @@ class Restart(_Strict):
     window: Seconds = Field(default=600.0, description="Span over which crashes are counted.")
     stop_grace: Seconds = Field(default=15.0, description=(
         "Stopping: SIGTERM to the server's process group, this long, then SIGKILL."))
+    replace: Literal["auto", "beside", "in_place"] = Field(default="auto", description=(
+        "How a planned restart (a retune, a restart through the API) replaces a running server. "
+        "`beside`: the new server starts on another port beside the old one, takes the proxy's "
+        "new requests once it is ready, and the old one finishes what it has, then stops; "
+        "only where the launcher can run two at once (`process`) and memory holds both (the "
+        "VRAM plan on a GPU, host memory on the CPU), else in place. `in_place`: stop, then "
+        "start on the same port. `auto`: `beside` when the daemon's proxy is on (clients reach "
+        "the target through it: the runtime's own port changes at each such restart), "
+        "`in_place` when it is off (docs/tuning.md)."))
 
 
 class Health(_Strict):

@@ -77,7 +77,8 @@ class FleetSupervisors:
                                log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
                                records=self.records,
-                               start_reason=reason, unloaded=self._starts_unloaded(target))
+                               start_reason=reason, unloaded=self._starts_unloaded(target),
+                               proxied=self.fleet.daemon.proxy.enabled)
         self.on_demand.attach(sup)
         self.supervisors[target.name] = sup
         task = sup.start_owner_task()

@@ -34,15 +34,21 @@ class ChildRegistry:
         self.report.attempt(self.path.name, lambda: write_json(self.path, self._data))
 
     def add(self, name: str, pid: int) -> None:
+        """A target may have two children for a while (a new server started beside the old
+        one): the second is kept under `name@pid`."""
         data = self._read()
+        key = name if name not in data else f"{name}@{pid}"
         with contextlib.suppress(psutil.Error):
-            data[name] = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+            data[key] = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
             self._write(data)
 
     def remove(self, name: str, pid: int) -> None:
         data = self._read()
-        if data.get(name, {}).get("pid") == pid:
-            del data[name]
+        keys = [k for k, entry in data.items()
+                if k.split("@", 1)[0] == name and entry.get("pid") == pid]
+        for key in keys:
+            del data[key]
+        if keys:
             self._write(data)
 
     def sweep(self) -> list[str]:
@@ -53,7 +59,7 @@ class ChildRegistry:
                 if abs(proc.create_time() - float(entry["create_time"])) > 0.01:
                     continue  # the pid was recycled: not ours
                 _kill(proc.pid)
-                killed.append(f"{name} (pid {proc.pid})")
+                killed.append(f"{name.split('@', 1)[0]} (pid {proc.pid})")
             except (psutil.Error, ProcessLookupError, KeyError, ValueError, TypeError):
                 continue
         self._write({})

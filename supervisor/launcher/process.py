@@ -105,7 +105,8 @@ class ChildProcess(TargetProcess):
 
 class ProcessLauncher(Launcher):
     name = "process"
-    traits = LauncherTraits()  # children die with the daemon (PR_SET_PDEATHSIG)
+    # Children die with the daemon (PR_SET_PDEATHSIG); two of one target may run at once.
+    traits = LauncherTraits(beside=True)
 
     def __init__(self, log_dir: Path, state_dir: Path, max_bytes: int = 10 * 1024 * 1024,
                  backups: int = 3, children: ChildRegistry | None = None) -> None:

@@ -110,6 +110,16 @@ class Backend:
             update={"start": None})})
         return type(self)(self.target.model_copy(update={"speculation": spec}))
 
+    def at_port(self, port: int) -> Backend:
+        """This backend for the same target listening on another port: the server a planned
+        restart starts beside the running one (supervision/handover.py). Where the runtime
+        runs (`node_address`, `executor`) stays."""
+        if port == self.target.port:
+            return self
+        moved = type(self)(self.target.model_copy(update={"port": port}))
+        moved.node_address, moved.executor = self.node_address, self.executor
+        return moved
+
     def with_lengths_by_load(self, ranges: list[tuple[int, int | None, int]]) -> Backend:
         """This backend launching with draft lengths by load: (lowest, highest or None,
         length) ranges of requests running, length 0 = no speculation at that load. Only

@@ -34,6 +34,9 @@ class LauncherTraits:
     local_gpus: bool = True  # the runtime uses this machine's GPUs (the VRAM plan counts it)
     in_image: bool = False  # the runtime's executable is in an image, not on this machine
     section: str | None = None  # the target key only this launcher reads (`ray:`, ...)
+    # It can run a second server for the same target at once, on another port (a planned
+    # restart then starts the new one beside the old: supervision/handover.py).
+    beside: bool = False
 
 
 _DECLARED: dict[str, LauncherTraits] = {}

@@ -39,6 +39,7 @@ class Next(enum.Enum):
     IDLE = "idle"  # no process; wait for a command
     UNLOADED = "unloaded"  # no process, on purpose; wait for a command (START loads it)
     KEEP = "keep"  # nothing changes: the process runs on
+    SERVE = "serve"  # a new server started beside the old one took over: supervise it
     EXIT = "exit"  # end the owner task (the process stopped, or left running for DETACH)
 
 

@@ -5,6 +5,7 @@ else from the exit status."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from supervisor.errors import StartRefused
 from supervisor.plugin.backend import Backend, Failure, FailureKind
@@ -37,6 +38,21 @@ def explain_exit(backend: Backend, proc: RunningProcess, code: int) -> Failure:
     return backend.explain_failure(proc.output_tail(EXPLAIN_LINES), code) or Failure(
         FailureKind.CRASH, f"{backend.description or backend.target.backend} "
                            f"{exit_description(code)}")
+
+
+class PairingWarnings:
+    """The pairing guard's warnings of a target's last start; each new set is said once, as
+    events, not at every restart."""
+
+    def __init__(self, emit: Callable[..., None]) -> None:
+        self.emit = emit
+        self.warnings: list[str] = []
+
+    def __call__(self, warnings: list[str]) -> None:
+        if warnings != self.warnings:
+            for message in warnings:
+                self.emit("pairing", message, level="warning")
+        self.warnings = warnings
 
 
 async def pairing_warnings(backend: Backend) -> list[str]:

@@ -33,7 +33,8 @@ from supervisor.supervision.commands import (
     next_step,
 )
 from supervisor.supervision.crashes import CrashHistory
-from supervisor.supervision.explain import explain_exit, explain_hang
+from supervisor.supervision.explain import PairingWarnings, explain_exit, explain_hang
+from supervisor.supervision.handover import may_go_beside, record_launch, replace_beside, stop_retiring
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
 from supervisor.supervision.requests import ProxyRequests
@@ -58,15 +59,17 @@ class TargetSupervisor:
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
                  tuning_store: TuningStore | None = None, placer: Placer | None = None,
                  records: RunRecorder | None = None,
-                 start_reason: str = "daemon started", unloaded: bool = False) -> None:
+                 start_reason: str = "daemon started", unloaded: bool = False,
+                 proxied: bool = False) -> None:
         self.target = target
-        self.backend = backend
+        self.home = backend  # on the configured port
+        self.backend = backend  # the server that serves now (a handover moves it: handover.py)
+        self.proxied = proxied  # the daemon's proxy is on: clients reach the target through it
         self.launcher = launcher
         self.events = events
         self.http = http
         self.clock = clock
-        self.state = State.STOPPED
-        self.since = time.time()
+        self.state, self.since = State.STOPPED, time.time()
         self.process: RunningProcess | None = None
         self.started_at: float | None = None
         self.crashes = CrashHistory(target, placer, clock, rand)
@@ -76,23 +79,24 @@ class TargetSupervisor:
         self.metrics: MetricsSample | None = None
         self.log_file = log_file
         self.tuner = AutoTuner(target, backend, tuning_store, self._event, clock)
-        self.placer = placer
-        self.records = records
+        self.placer, self.records = placer, records
         self.placement: dict[str, Any] = {}
         self.resources: dict[str, Any] = {}
-        self.warnings: list[str] = []
+        self.pairing = PairingWarnings(self._event)  # the pairing guard's, said once each
         self.requests = ProxyRequests()  # the proxy's requests to this target: it owns them
+        self.retiring: dict[RunningProcess, asyncio.Task[None]] = {}  # old servers draining
         self.wanted = True  # the owner means to run it (served.py)
         self.changes = StateChanges()  # the proxy's waiters, the on-demand loader's
         self._may_adopt = launcher.traits.detaches  # only the first start may find a running unit
-        self._detached = False
+        self._detached = False  # DETACH left the process running: the end must not kill it
         self._commands: asyncio.Queue[Request] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._pending_reason = start_reason  # the reason the next start will carry
+        self.pending_reason = start_reason  # the reason the next start will carry
         self._start_unloaded = unloaded  # on demand: wait for the first request
         self.loading = OnDemandBook(target, lambda: self.state, self._event, self.changes,
                                     self.requests, lambda: self.started_at)
         self.served = Served(self)
+        self.tuner.restart_is_free = lambda: may_go_beside(self)
 
     @property
     def name(self) -> str:
@@ -143,6 +147,8 @@ class TargetSupervisor:
             raise RuntimeError(f"{self.name}: transition {self.state} -> {new} is not allowed")
         if self.state == State.LOADING and self.placer is not None:
             self.placer.released(self.name)  # loaded (its memory now shows in NVML), or gone
+        if self.state == State.LOADING and new == State.READY and self.started_at:
+            self.tuner.restart_seconds = time.time() - self.started_at  # a restart's cost
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
         self.state, self.since, self.last_event = new, event.time, event
         self.loading.state_changed(new)
@@ -152,7 +158,7 @@ class TargetSupervisor:
     async def run(self) -> None:
         step = Next.RUN
         if self._start_unloaded:
-            self._set_state(State.UNLOADED, f"{self._pending_reason}; loads on demand")
+            self._set_state(State.UNLOADED, f"{self.pending_reason}; loads on demand")
             step = Next.IDLE
         try:
             while step is not Next.EXIT:
@@ -168,11 +174,16 @@ class TargetSupervisor:
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
             await self.process.wait()
+        await stop_retiring(self)
 
     async def _step(self, step: Next) -> Next:
         if step in (Next.IDLE, Next.UNLOADED):
             return self._dispatch(await self._commands.get(), Phase.IDLE)
-        outcome = await self._run_once()
+        if step is Next.SERVE:  # a server started beside the old one took over
+            assert self.process is not None
+            outcome = await self._supervise(self.process)
+        else:
+            outcome = await self._run_once()
         return await self._after_failure(outcome) if isinstance(outcome, Failure) else outcome
 
     async def _internal_error(self, exc: Exception) -> Next:
@@ -196,7 +207,7 @@ class TargetSupervisor:
         if request.command is Command.RETUNE:
             self.tuner.apply_pending()
         if step is Next.RUN:
-            self._pending_reason = request.reason
+            self.pending_reason = request.reason
             restart = counts_as_restart(request.command)
             self.loading.started(on_demand=not restart)
             if restart:
@@ -221,7 +232,7 @@ class TargetSupervisor:
             request = await asyncio.wait_for(self._commands.get(), timeout=decision.delay)
         except TimeoutError:
             self.crashes.count(failure.kind.value, by_policy=True)
-            self._pending_reason = f"restart after {failure.kind.value}"
+            self.pending_reason = f"restart after {failure.kind.value}"
             return Next.RUN
         step = self._dispatch(request, Phase.BACKOFF)
         if step is not Next.RUN:
@@ -231,7 +242,7 @@ class TargetSupervisor:
 
     async def _run_once(self) -> Next | Failure:
         """Start the process and supervise it until it fails or a command interrupts it."""
-        self._set_state(State.STARTING, self._pending_reason)
+        self._set_state(State.STARTING, self.pending_reason)
         try:
             try:
                 started = await self._launch()
@@ -246,7 +257,7 @@ class TargetSupervisor:
     async def _launch(self) -> RunningProcess:
         """Preflight, the pairing guard, placement; then adopt a running unit or start anew."""
         plan = await plan_start(self.name, self.backend, self.launcher, self.placer, self.tuner,
-                                self._pairing)
+                                self.pairing)
         self.placement, self.runtime, spec = plan.placement, plan.runtime, plan.spec
         grace = self.target.restart.stop_grace
         if self._may_adopt:
@@ -265,19 +276,8 @@ class TargetSupervisor:
         self.metrics = None  # the previous process's counters are not this one's
         self.placement = follow(proc, self.backend, self.placement)
         self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
-        if self.records is not None:
-            spec_view = {"method": self.target.speculation.method, "variant": self.tuner.variant,
-                         "enabled": self.tuner.speculation_on, "draft_length": self.tuner.draft_length}
-            self.records.launched(self.name, proc.pid, self._pending_reason, spec, self.runtime,
-                                  self.target.launcher, spec_view, self.placement,
-                                  self.backend.model_files())
+        record_launch(self, proc, spec)
         return proc
-
-    def _pairing(self, warnings: list[str]) -> None:
-        if warnings != self.warnings:
-            for message in warnings:
-                self._event("pairing", message, level="warning")
-        self.warnings = warnings
 
     async def _supervise(self, proc: RunningProcess) -> Next | Failure:
         """Until the process exits, looks hung, or a command stops it."""
@@ -322,6 +322,12 @@ class TargetSupervisor:
             self._detached = True
             self._set_state(State.DETACHED, f"{request.reason}; left running (pid {proc.pid})")
             return step
+        if step is Next.RUN and request.command in (Command.RETUNE, Command.RESTART):
+            outcome = await replace_beside(self, proc, request, self._command_while_serving)
+            if isinstance(outcome, Request):  # a command came while the new server loaded
+                return await self._command_while_running(proc, outcome)
+            if outcome is not None:
+                return Next.SERVE
         self._set_state(State.STOPPING, request.reason)
         if is_planned_restart(request.command):
             # New requests wait (the target is no longer serving); those in flight finish.

@@ -25,6 +25,12 @@ class ProxyRequests:
         self._level_since = time.monotonic()
         self._idle = asyncio.Event()
         self._idle.set()
+        # Which server a request went to: the route changes when a server started beside
+        # the old one takes over (supervision/handover.py), and the old one is stopped
+        # once the requests of its route are done.
+        self.route = 0
+        self._on_route: dict[int, int] = {}
+        self._route_done: dict[int, asyncio.Event] = {}
         self.count = 0  # completions whose timings the runtime returned
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -35,21 +41,49 @@ class ProxyRequests:
         return self._in_flight
 
     @contextlib.asynccontextmanager
-    async def relaying(self) -> AsyncIterator[None]:
-        """Around one request being relayed to the runtime."""
+    async def relaying(self) -> AsyncIterator[int]:
+        """Around one request being relayed to the runtime; gives the route it is on."""
         self._accrue()
         self._in_flight += 1
         self._peak = max(self._peak, self._in_flight)
         self._idle.clear()
         self.last_used = time.time()
+        route = self.route
+        self._on_route[route] = self._on_route.get(route, 0) + 1
         try:
-            yield
+            yield route
         finally:
             self.last_used = time.time()
             self._accrue()
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+            self._on_route[route] -= 1
+            if self._on_route[route] == 0:
+                del self._on_route[route]
+                if (done := self._route_done.pop(route, None)) is not None:
+                    done.set()
+
+    def switch_route(self) -> int:
+        """From now on requests go to a new server; returns the old route, for
+        `route_drained`."""
+        old, self.route = self.route, self.route + 1
+        return old
+
+    def on_route(self, route: int) -> int:
+        """Requests in flight on a route."""
+        return self._on_route.get(route, 0)
+
+    async def route_drained(self, route: int, timeout: float) -> bool:
+        """Wait until no request of `route` is in flight, at most `timeout` seconds."""
+        if route not in self._on_route:
+            return True
+        done = self._route_done.setdefault(route, asyncio.Event())
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def mark(self) -> object:
         """Changes whenever a request starts or ends; while one is in flight, never equal to

@@ -8,7 +8,8 @@ on-demand book.
 from __future__ import annotations
 
 import asyncio
-from contextlib import AbstractAsyncContextManager
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from supervisor.config.schema import Target
@@ -67,8 +68,15 @@ class Served:
     def auth_headers(self) -> dict[str, str]:
         return self._owner.backend.auth_headers()
 
-    def relaying(self) -> AbstractAsyncContextManager[None]:
-        return self._owner.requests.relaying()
+    @contextlib.asynccontextmanager
+    async def relaying(self) -> AsyncIterator[str]:
+        """Around one proxied request; gives the address to send it to. The address and the
+        request's route are read together, with no await between them, so a switch to a
+        server started beside the old one (handover.py) cannot fall in between: a request
+        counted on the old route went to the old server."""
+        base_url = self.base_url
+        async with self._owner.requests.relaying():
+            yield base_url
 
     def observe_timings(self, timings: dict[str, Any]) -> None:
         self._owner.requests.observe(timings)

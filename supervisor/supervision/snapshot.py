@@ -10,6 +10,7 @@ from supervisor.events import Event
 from supervisor.plugin.backend import Backend, MetricsSample
 from supervisor.plugin.launching import RunningProcess
 from supervisor.supervision.crashes import CrashHistory
+from supervisor.supervision.explain import PairingWarnings
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.states import State
@@ -38,7 +39,7 @@ class Owner(Protocol):
     log_file: str | None
     placement: dict[str, Any]
     resources: dict[str, Any]
-    warnings: list[str]
+    pairing: PairingWarnings
     requests: ProxyRequests
     loading: OnDemandBook
 
@@ -69,6 +70,6 @@ def snapshot(owner: Owner) -> TargetStatus:
                     speculating=speculating, draft_length=effective, serving=owner.serving),
         metrics=counters_view(owner.metrics), tuning=owner.tuner.view(window),
         retunes=owner.tuner.retunes, log_file=owner.log_file, placement=dict(owner.placement),
-        resources=dict(owner.resources) if alive else {}, warnings=list(owner.warnings),
+        resources=dict(owner.resources) if alive else {}, warnings=list(owner.pairing.warnings),
         requests=owner.requests.view(), by_load=owner.tuner.by_load.view(),
         on_demand=owner.loading.view())

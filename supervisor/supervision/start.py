@@ -32,7 +32,7 @@ async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Pl
     pairing(await pairing_warnings(backend))
     assignment = await placer.check_start(name) if placer else None
     tuner.runtime_started(info)
-    spec = tuner.launch_backend().launch_spec(
+    spec = tuner.launch_backend(backend).launch_spec(
         tuner.draft_length, speculation=tuner.speculation_on, placement=assignment)
     return StartPlan(spec, {"binary": info.binary, "version": info.version,
                             **backend.executor.facts},

@@ -21,6 +21,7 @@ from supervisor.plugin.backend import LENGTHS_BY_LOAD, Backend, MetricsSample, R
 from supervisor.tuning.by_load import judge_table, tabulate
 from supervisor.tuning.decisions import Action, Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
+from supervisor.tuning.holding import Hold, hold
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
 from supervisor.tuning.numbers import rounded
@@ -55,6 +56,10 @@ class AutoTuner:
         fingerprint = _fingerprint(target)
         self.memory = store.load(target.name, fingerprint) if store else TunerMemory(fingerprint)
         self.retunes = 0
+        # Set by the owner: whether a restart now costs no service (a handover), and the
+        # seconds its last start took to become ready (what a restart in place costs).
+        self.restart_is_free: Callable[[], bool] = lambda: False
+        self.restart_seconds: float | None = None
         self.features: frozenset[str] = frozenset()  # the runtime build's (preflight)
         self._drifted = False
         # Acceptance judged at each setting since the last drift: the regime it leaves
@@ -101,10 +106,10 @@ class AutoTuner:
             return {}
         return self.memory.lengths_by_load
 
-    def launch_backend(self) -> Backend:
+    def launch_backend(self, base: Backend | None = None) -> Backend:
         """The backend for the variant and the lengths by load it runs (the configured
-        backend when not tuned)."""
-        backend = self.backend.with_variant(self.variant)
+        backend when not tuned); `base`: the backend on the port it is to listen on."""
+        backend = (base or self.backend).with_variant(self.variant)
         table = self.lengths_by_load
         return backend.with_lengths_by_load(batch_ranges(table)) if table else backend
 
@@ -180,10 +185,18 @@ class AutoTuner:
                 self._pending, self._pending_since = decision, self.clock()
         if self._pending is not None and not self._pending_sent:
             waited = self.clock() - self._pending_since
-            if sample.requests_processing == 0 or waited >= self.target.tuning.max_wait:
+            if sample.requests_processing == 0 or waited >= self.holding().seconds:
                 self._pending_sent = True
                 return self._pending.reason
         return None
+
+    def holding(self) -> Hold:
+        """How long the pending decision waits for an idle server (tuning/holding.py)."""
+        gain = self._pending.data.get("predicted_gain") if self._pending else None
+        settings = self.target.tuning
+        return hold(settings.max_wait, self.restart_seconds,
+                    gain if isinstance(gain, int | float) else None, settings.min_gain,
+                    self.restart_is_free())
 
     def _drift(self, delta: Delta) -> tuple[str, str] | None:
         """(what drifted, "up" or "down") when the acceptance or the share of steps that
@@ -312,6 +325,8 @@ class AutoTuner:
                 "window": (stats or self.window.stats()).to_dict(),
                 "warming_tokens_left": max(0, self._cold_tokens),
                 "pending": self._pending.reason if self._pending else None,
+                "waiting_for": self.holding().why if self._pending and not self._pending_sent
+                else None,
                 "last_decision": m.last_decision}
 
 

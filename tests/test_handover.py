@@ -1,0 +1,155 @@
+"""A planned restart beside the running server (supervision/handover.py), in-process: the
+fake backend and launcher of test_target_lifecycle.py, the owner task for real.
+
+What must hold: the target never stops serving (no state change at all), the proxy's
+requests already on the old server finish there before it stops, new ones go to the new
+server, and anything that goes wrong before the switch leaves the old server serving and
+falls back to the restart in place, saying why.
+"""
+
+# ruff: noqa: F811 (start_target is the lifecycle tests' fixture, taken as a parameter)
+from __future__ import annotations
+
+import asyncio
+
+from supervisor.plugin import Readiness
+from supervisor.supervision.commands import Command
+from supervisor.supervision.handover import host_room, in_place_reason, next_port
+from supervisor.supervision.states import State
+from tests.test_target_lifecycle import START, Run, start_target  # noqa: F401
+
+S = State
+
+
+def replace_events(run: Run) -> list[str]:
+    return [e.data["replace"] for e in run.events if e.kind == "replace"]
+
+
+def port_of(spec) -> int:
+    return int(spec.argv[spec.argv.index("--port") + 1])
+
+
+async def test_a_retune_starts_the_new_server_beside_the_old_and_never_stops_serving(
+        start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    old = run.process
+    run.world.start_readiness = Readiness.LOADING  # the new server takes a while to load
+    async with run.sup.served.relaying() as old_url:  # a request on the old server
+        run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+        await run.until(lambda: len(run.world.processes) == 2)
+        assert run.sup.serving and run.sup.served.base_url == old_url  # still the old one
+        run.world.readiness = Readiness.READY
+        await run.until(lambda: "switched" in replace_events(run))
+        new_url = run.sup.served.base_url
+        assert new_url != old_url and str(port_of(run.world.starts[1])) in new_url
+        async with run.sup.served.relaying() as url:
+            assert url == new_url  # new requests go to the new server
+        await asyncio.sleep(0.05)
+        assert old.returncode is None, "the old server stopped under a request"
+    await run.until(lambda: old.returncode is not None)
+    assert old.signals == ["SIGTERM"]
+    assert run.process.returncode is None and run.sup.process is run.process
+    assert run.transitions == START  # never stopping, never starting: no gap
+    assert replace_events(run) == ["beside", "switched", "retired"]
+    assert run.sup.status().restarts_by_reason == {"retune": 1}
+
+
+async def test_the_new_server_is_supervised_after_the_switch(start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    run.sup.send(Command.RESTART, "restart through the API")
+    await run.until(lambda: "retired" in replace_events(run))
+    run.process.exit(-9)  # the new server crashes: the usual crash handling
+    await run.reaches(S.READY, times=2)
+    assert run.transitions == [*START, (S.READY, S.BACKOFF), (S.BACKOFF, S.STARTING),
+                               (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+    # The restart in place keeps the port it ran on.
+    assert port_of(run.world.starts[2]) == port_of(run.world.starts[1])
+
+
+async def test_a_new_server_that_exits_while_loading_falls_back_to_a_restart_in_place(
+        start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    old = run.process
+    run.world.exit_at_start = 1
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.until(lambda: "in_place" in replace_events(run))
+    fallback = next(e for e in run.events if e.data.get("replace") == "in_place")
+    assert "exited with status 1 while it loaded" in fallback.reason
+    await run.reaches(S.STOPPING)
+    await run.until(lambda: old.returncode is not None)  # stopped, then started in place
+    assert replace_events(run) == ["beside", "in_place"]
+
+
+async def test_auto_restarts_in_place_when_the_proxy_is_off(start_target):
+    run = start_target(beside=True, proxied=False)
+    await run.reaches(S.READY)
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.reaches(S.READY, times=2)
+    assert len(run.world.processes) == 2 and port_of(run.world.starts[1]) == 1
+    assert replace_events(run) == ["in_place"]
+    assert "the proxy is off" in next(e.reason for e in run.events if e.kind == "replace")
+    assert run.transitions == [*START, (S.READY, S.STOPPING), (S.STOPPING, S.STARTING),
+                               (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+
+
+async def test_beside_restarts_in_place_without_a_memory_estimate(start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    run.world.memory = None
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.reaches(S.READY, times=2)
+    assert replace_events(run) == ["in_place"]
+    assert "no memory estimate" in next(e.reason for e in run.events if e.kind == "replace")
+
+
+async def test_a_shutdown_while_the_new_server_loads_stops_both(start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    old = run.process
+    run.world.start_readiness = Readiness.LOADING
+    run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+    await run.until(lambda: len(run.world.processes) == 2)
+    new = run.process
+    await run.sup.shutdown("daemon stopping")
+    assert old.returncode is not None and new.returncode is not None
+    assert new.signals == ["SIGKILL"]
+    assert replace_events(run) == ["beside", "abandoned"]
+    assert run.transitions[-2:] == [(S.READY, S.STOPPING), (S.STOPPING, S.STOPPED)]
+
+
+async def test_an_owner_that_ends_kills_the_old_server_still_draining(start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    old = run.process
+    async with run.sup.served.relaying():
+        run.sup.send(Command.RETUNE, "draft length 8 -> 4")
+        await run.until(lambda: "switched" in replace_events(run))
+        await run.sup.shutdown("daemon stopping")
+        assert old.returncode is not None and run.process.returncode is not None
+    assert not run.sup.retiring
+
+
+def test_why_a_restart_happens_in_place():
+    assert in_place_reason("beside", True, "process", proxied=False) is None
+    assert in_place_reason("auto", True, "process", proxied=True) is None
+    assert "proxy is off" in in_place_reason("auto", True, "process", proxied=False)
+    assert "in_place" in in_place_reason("in_place", True, "process", proxied=True)
+    assert "'systemd' launcher" in in_place_reason("beside", False, "systemd", proxied=True)
+
+
+def test_host_room_needs_the_estimate_and_a_margin():
+    gib = 1024**3
+    assert host_room(2 * gib, 3 * gib)[0]
+    assert not host_room(2 * gib, 2 * gib)[0]  # nothing left for the rest of the box
+    assert not host_room(None, 100 * gib)[0]
+    assert "2.00 GiB" in host_room(2 * gib, 3 * gib)[1]
+
+
+def test_the_port_goes_home_when_it_is_free():
+    spare = iter([40001, 40002]).__next__
+    assert next_port(8080, 8080, lambda p: True, spare) == 40001  # on its own port: elsewhere
+    assert next_port(40001, 8080, lambda p: True, spare) == 8080  # elsewhere: home again
+    assert next_port(40001, 8080, lambda p: False, spare) == 40002  # home taken: elsewhere
