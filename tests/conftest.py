@@ -20,7 +20,7 @@ import yaml
 
 from plugins.llamacpp import provision
 from plugins.vllm import provision as vllm_provision
-from supervisor.plugin import assemble_example_model
+from supervisor.plugin import assemble_example_model, assemble_pair
 
 REPO = Path(__file__).resolve().parent.parent
 # The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests;
@@ -40,6 +40,14 @@ def llama_server_bin() -> str:
 @pytest.fixture(scope="session")
 def gemma_model() -> str:
     return str(assemble_example_model(progress=lambda msg: print(msg, file=sys.stderr)))
+
+
+@pytest.fixture(scope="session")
+def model_pair(gemma_model: str) -> dict[str, str]:
+    """The draft-model pair `specfleet setup --pair` writes (docs/tuning.md): target,
+    close_draft, partial_draft."""
+    paths = assemble_pair(progress=lambda msg: print(msg, file=sys.stderr))
+    return {role: str(path) for role, path in paths.items()}
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,8 @@ def test_check_prints_the_full_llama_server_command_of_each_quickstart_target(
 def test_every_shipped_example_validates(example, gemma_model, llama_server_bin, request):
     if example == "vllm-cpu.yaml":
         request.getfixturevalue("vllm_model")  # its model is the provisioned HF copy
+    if example == "pair.yaml":
+        request.getfixturevalue("model_pair")  # the files `specfleet setup --pair` writes
     out = specfleet("check", f"examples/{example}")
     assert out.returncode == 0, out.stderr
 

@@ -23,6 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="parallel llama-server build jobs (default: CPUs)")
     p.add_argument("--no-model", action="store_true",
                    help="skip the example model (the GGUF and its Hugging Face copy)")
+    p.add_argument("--pair", action="store_true",
+                   help="also write the draft-model pair made from the example model (an F32 "
+                   "target and a partial draft, about a minute, 1.3 GB; part of --runtime all; "
+                   "docs/tuning.md)")
     p.set_defaults(func=run)
 
 
@@ -31,7 +35,7 @@ def progress(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from supervisor.plugin import assemble_example_model
+    from supervisor.plugin import assemble_example_model, assemble_pair
 
     if args.runtime in ("llamacpp", "all"):
         from plugins.llamacpp import provision as llamacpp
@@ -40,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         if not args.no_model:
             print(f"model: {assemble_example_model(progress)}", flush=True)
+        if not args.no_model and (args.pair or args.runtime == "all"):
+            for role, path in assemble_pair(progress).items():
+                print(f"pair {role.replace('_', ' ')}: {path}", flush=True)
     if args.runtime in ("vllm", "all"):
         from plugins.vllm import provision as vllm
 

@@ -39,9 +39,11 @@ from supervisor.plugin.backend import (
 )
 from supervisor.plugin.cache import (
     assemble_example_model,
+    assemble_pair,
     cache_root,
     example_model_path,
     log_tail,
+    pair_paths,
     run_logged,
 )
 from supervisor.plugin.executor import LOCAL, Executor
@@ -96,6 +98,7 @@ __all__ = [
     "Target",
     "api_key",
     "assemble_example_model",
+    "assemble_pair",
     "cache_root",
     "check_binary_found",
     "check_options",
@@ -109,6 +112,7 @@ __all__ = [
     "llamacpp_model",
     "log_tail",
     "openai_completion",
+    "pair_paths",
     "pairing_findings",
     "parse_prometheus",
     "read_model_facts",

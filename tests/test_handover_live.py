@@ -1,0 +1,134 @@
+"""A retune under steady traffic through the proxy, with the real llama-server: the new
+server starts beside the old one and takes over, and no request fails (docs/tuning.md,
+"Restarts that cost no service"). And the in-place restart it replaces, for contrast: the
+same traffic waits through the gap (held by the proxy), which the beside restart does not
+has."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import llama_target, wait_for, write_fleet
+
+pytestmark = pytest.mark.live
+
+FAST_TUNING = {"min_tokens": 200, "min_steps": 30, "cooldown": "0s", "max_wait": "1h",
+               "reprobe": "1h"}
+
+
+class Traffic:
+    """`clients` threads sending completions through the proxy back to back, each with
+    its own prompt (a counter in it), recording every answer's status and its time."""
+
+    def __init__(self, proxy: str, clients: int = 2, model: str = "t") -> None:
+        self.proxy, self.model = proxy, model
+        self.results: list[tuple[float, int, str]] = []  # (time answered, status, body start)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
+                         for i in range(clients)]
+
+    def __enter__(self) -> Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(150)
+
+    def _client(self, i: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            body = json.dumps({"model": self.model, "prompt": f"Request {i}-{n}. def area(w, h):\n",
+                               "max_tokens": 24, "temperature": 0}).encode()
+            req = urllib.request.Request(f"{self.proxy}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as resp:
+                    status, text = resp.status, resp.read()[:200].decode(errors="replace")
+            except urllib.error.HTTPError as exc:
+                status, text = exc.code, exc.read()[:200].decode(errors="replace")
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                status, text = 0, repr(exc)
+            self.results.append((time.monotonic(), status, text))
+
+    def failed(self) -> list[tuple[float, int, str]]:
+        return [r for r in self.results if r[1] != 200]
+
+    def count(self) -> int:
+        return len(self.results)
+
+
+def proxy_of(fleet: Path) -> str:
+    return "http://" + yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"]
+
+
+def replace_steps(daemon) -> list[str]:
+    return [e["data"]["replace"] for e in daemon.events("t") if e["kind"] == "replace"]
+
+
+def test_a_retune_under_steady_proxy_traffic_fails_no_request(
+        tmp_path, model, llama_server_bin, start_daemon):
+    target = llama_target(model, llama_server_bin, tuning=dict(FAST_TUNING), speculation={
+        "method": "ngram", "variant": "simple", "length": {"start": 4, "min": 2, "max": 16}})
+    fleet = write_fleet(tmp_path, {"t": target})
+    daemon = start_daemon(fleet)
+    first = daemon.wait_state("t", "ready")
+    with Traffic(proxy_of(fleet)) as traffic:
+        # max_wait 1 h and a busy server: only a restart that costs no service is applied
+        # now. The first decision is the baseline measurement (speculation off).
+        wait_for(lambda: "retired" in replace_steps(daemon), 300, "a retune beside the old server")
+        served_before = traffic.count()
+        wait_for(lambda: traffic.count() >= served_before + 4, 120, "requests on the new server")
+    assert traffic.failed() == [], traffic.failed()[:3]
+    tuning = [e for e in daemon.events("t") if e["kind"] == "tuning" and e["data"].get("action")]
+    assert tuning and tuning[0]["data"]["action"] == "baseline"
+    assert replace_steps(daemon)[:3] == ["beside", "switched", "retired"]
+    # The target never left `ready` (nor went through stopping or starting again).
+    assert ("ready", "stopping") not in daemon.transitions("t")
+    now = daemon.target("t")
+    assert now["pid"] != first["pid"] and not psutil.pid_exists(first["pid"])
+    assert now["endpoint"] != first["endpoint"]  # the runtime moved to another port
+    assert "--spec-type" not in psutil.Process(now["pid"]).cmdline()  # the baseline runs
+    assert now["restarts_by_reason"]["retune"] >= 1
+
+
+def test_an_api_restart_beside_and_in_place_both_fail_no_request(
+        tmp_path, model, llama_server_bin, start_daemon):
+    """The same API restart under the same traffic, for a target that restarts beside the
+    old server and one set to restart in place: neither fails a request (the proxy holds
+    them through the in-place gap); only the in-place one stops serving for it."""
+    fleet = write_fleet(tmp_path, {
+        "t": llama_target(model, llama_server_bin),
+        "u": llama_target(model, llama_server_bin,
+                          restart={**llama_target(model, llama_server_bin)["restart"],
+                                   "replace": "in_place"})})
+    daemon = start_daemon(fleet)
+    api = "http://" + yaml.safe_load(fleet.read_text())["daemon"]["api"]
+    for name, expect in (("t", "retired"), ("u", "in_place")):
+        daemon.wait_state(name, "ready")
+        with Traffic(proxy_of(fleet), model=name) as traffic:
+            wait_for(lambda: traffic.count() >= 4, 60, "traffic")
+            pid = daemon.target(name)["pid"]
+            urllib.request.urlopen(urllib.request.Request(
+                f"{api}/v1/targets/{name}/restart", data=b"", method="POST"), timeout=10).read()
+            wait_for(lambda n=name, p=pid: not psutil.pid_exists(p)
+                     and daemon.target(n).get("state") == "ready", 120, "the restart")
+            done = traffic.count()
+            wait_for(lambda d=done: traffic.count() >= d + 4, 60, "requests after the restart")
+        assert traffic.failed() == [], (name, traffic.failed()[:3])
+        steps = [e["data"]["replace"] for e in daemon.events(name) if e["kind"] == "replace"]
+        assert steps[-1] == expect, steps
+    assert ("ready", "stopping") not in daemon.transitions("t")
+    assert ("ready", "stopping") in daemon.transitions("u")
