@@ -111,3 +111,9 @@ def test_bench_writes_the_table_json_and_png_for_a_quickstart_target(
     drafted = [r for r in report["results"] if r["setting"] != OFF]
     assert all(r["draft_tokens"] > 0 for r in drafted)
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # ngram-mod learns across requests: each of its runs had a server of its own (no run
+    # drafted from what the one before it left in the pool); off ran both on one.
+    starts = {name: (out / "logs" / f"bench-{name}.log").read_text().count("specfleet: starting")
+              for name in (OFF, "4", "16")}
+    assert starts == {OFF: 1, "4": 2, "16": 2}
+    assert "a fresh server: its drafter learns" in proc.stderr

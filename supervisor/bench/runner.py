@@ -2,22 +2,24 @@
 
 For one target, start its runtime without speculation and at each draft length of
 a sweep (on a free port, so a running fleet is not disturbed), send every workload
-class `runs` times, and report tokens/s (mean and spread), draft acceptance and the
-speedup against speculation off, measured in the same run. Output: a table on the
-terminal, bench.json and bench.png, and the recommended setting, with caveats when the
+class `runs` times (each run on a fresh server where the drafter learns across
+requests), and report tokens/s (mean and spread), draft acceptance and the speedup
+against speculation off, measured in the same run. Output: a table on the terminal,
+bench.json and bench.png, and the recommended setting, with caveats when the
 evidence behind it is thin (one run: the spread is unknown; few drafted tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from supervisor.bench.workloads import Workload
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.launcher.process import ProcessLauncher
-from supervisor.plugin.backend import Backend, Readiness
+from supervisor.plugin.backend import Backend, LaunchSpec, Readiness
 
 OFF = "off"
 # Fewer drafted tokens than this behind a recommended setting is too little to recommend
@@ -213,27 +215,41 @@ class BenchRunner:
         return results
 
     async def _measure(self, http: aiohttp.ClientSession, setting: str) -> list[RunResult]:
+        """Every workload `runs` times at one setting. A drafter that learns across requests
+        (ngram-mod's pool) would draft a prompt it has seen from memory, so each of its runs
+        gets a server of its own: run 2 is then measured as cold as run 1, and no workload
+        profits from the one before it."""
         spec = self.backend.launch_spec(None if setting == OFF else int(setting),
                                         speculation=setting != OFF)
         self.commands[setting] = spec.shell_line()
+        fresh = setting != OFF and self.backend.drafter_learns()
+        jobs = [(w, run) for w in self.workloads for run in range(1, self.runs + 1)]
+        groups = [[job] for job in jobs] if fresh else [jobs]
+        out = []
+        for group in groups:
+            async with self._server(http, setting, spec):
+                for w, run in group:
+                    self.progress(f"      {w.name}: run {run}/{self.runs} "
+                                  f"({len(w.prompts)} prompts x {self.max_tokens} tokens"
+                                  + (", a fresh server: its drafter learns)" if fresh else ")"))
+                    gens = [await self.backend.generate(http, p, self.max_tokens, w.sampling)
+                            for p in w.prompts]
+                    out.append(RunResult(setting, w.name, run, sum(g.tokens for g in gens),
+                                         sum(g.seconds for g in gens),
+                                         sum(g.draft_tokens for g in gens),
+                                         sum(g.accepted_tokens for g in gens)))
+        return out
+
+    @contextlib.asynccontextmanager
+    async def _server(self, http: aiohttp.ClientSession, setting: str,
+                      spec: LaunchSpec) -> AsyncIterator[None]:
         with tempfile.TemporaryDirectory() as state:
             launcher = ProcessLauncher(self.out_dir / "logs", Path(state))
             proc = await launcher.start(f"bench-{setting}", spec)
             try:
                 await self._wait_ready(http, proc)
                 await self.backend.generate(http, "Hello", 8, {"temperature": 0.0})  # warm-up
-                out = []
-                for w in self.workloads:
-                    for run in range(1, self.runs + 1):
-                        self.progress(f"      {w.name}: run {run}/{self.runs} "
-                                      f"({len(w.prompts)} prompts x {self.max_tokens} tokens)")
-                        gens = [await self.backend.generate(http, p, self.max_tokens, w.sampling)
-                                for p in w.prompts]
-                        out.append(RunResult(setting, w.name, run, sum(g.tokens for g in gens),
-                                             sum(g.seconds for g in gens),
-                                             sum(g.draft_tokens for g in gens),
-                                             sum(g.accepted_tokens for g in gens)))
-                return out
+                yield
             finally:
                 await proc.stop(self.target.restart.stop_grace)
 

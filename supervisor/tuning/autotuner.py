@@ -16,17 +16,16 @@ from dataclasses import replace
 from typing import Any
 
 from supervisor.config.schema import Target
-from supervisor.models.identity import file_identity
 from supervisor.plugin.backend import LENGTHS_BY_LOAD, Backend, MetricsSample, RuntimeInfo
 from supervisor.tuning.by_load import judge_table, tabulate
 from supervisor.tuning.decisions import Action, Bounds, Decision, plan
 from supervisor.tuning.drift import PageHinkley
-from supervisor.tuning.holding import Hold, hold
+from supervisor.tuning.holding import Hold, hold, weigh
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
 from supervisor.tuning.numbers import rounded
 from supervisor.tuning.regimes import recall, remember, setting_key
-from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore
+from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore, fingerprint, runtime_key
 from supervisor.tuning.variants import allowed_variants, search
 from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
 
@@ -53,13 +52,14 @@ class AutoTuner:
         self.drafting_drift = PageHinkley(threshold=target.tuning.drift_threshold)
         self.variants_allowed = allowed_variants(
             target.speculation.variants, target.speculation.variant, backend.ngram_variants())
-        fingerprint = _fingerprint(target)
-        self.memory = store.load(target.name, fingerprint) if store else TunerMemory(fingerprint)
+        key = fingerprint(target)
+        self.memory = store.load(target.name, key) if store else TunerMemory(key)
         self.retunes = 0
         # Set by the owner: whether a restart now costs no service (a handover), and the
         # seconds its last start took to become ready (what a restart in place costs).
         self.restart_is_free: Callable[[], bool] = lambda: False
         self.restart_seconds: float | None = None
+        self._workload_since: float | None = None  # the first sample, or the last drift
         self.features: frozenset[str] = frozenset()  # the runtime build's (preflight)
         self._drifted = False
         # Acceptance judged at each setting since the last drift: the regime it leaves
@@ -141,7 +141,7 @@ class AutoTuner:
                              else 0)
 
     def _check_runtime(self, info: RuntimeInfo) -> None:
-        key = _runtime_key(self.target, info)
+        key = runtime_key(self.target, info)
         if self.memory.baseline_key == key:
             return
         if self.memory.baseline_tps is not None:
@@ -159,6 +159,8 @@ class AutoTuner:
         in flight meanwhile, by number); returns the reason for a restart when one is due
         now."""
         now = time.time()
+        if self._workload_since is None:
+            self._workload_since = now
         delta = self.window.observe(sample, now)
         self._file_by_load(sample, delta, proxy_peak, proxy_busy or {}, now)
         if not self.active:
@@ -234,11 +236,21 @@ class AutoTuner:
         if (decision is not None and decision.action in EVALUATIONS and stats.acceptance_rate
                 and not (self.drift.building() or self.drafting_drift.building())):
             self._seen[setting_key(self.variant, bounds.current)] = stats.acceptance_rate
-        return tabulate(decision, LENGTHS_BY_LOAD in self.features, settings, now)
+        decision = tabulate(decision, LENGTHS_BY_LOAD in self.features, settings, now)
+        return self._weigh(decision, stats, now)
+
+    def _weigh(self, decision: Decision | None, stats: WindowStats, now: float) -> Decision | None:
+        """A new length must pay back its switch (tuning/holding.py)."""
+        tps = stats.tokens_per_second or 0.0
+        warm = (self.target.tuning.min_tokens / tps
+                if tps and self.launch_backend().drafter_learns() else 0.0)
+        return weigh(decision, self.memory, self.bounds().current, self.restart_seconds,
+                     self.restart_is_free(), warm, now - (self._workload_since or now))
 
     def _leave_regime(self, now: float) -> None:
         """At a drift: the speedups measured before it describe a workload that is gone;
         they are kept with the acceptance last judged, for its return (tuning/regimes.py)."""
+        self._workload_since = now  # a new workload starts
         m = self.memory
         regimes = remember(m.regimes, self._seen, self.variant, m.measured, m.variants, now)
         self._seen = {}
@@ -328,22 +340,3 @@ class AutoTuner:
                 "waiting_for": self.holding().why if self._pending and not self._pending_sent
                 else None,
                 "last_decision": m.last_decision}
-
-
-def _fingerprint(target: Target) -> str:
-    """The configuration a tuned length belongs to."""
-    spec = target.speculation
-    return f"{target.backend}|{target.model}|{spec.method}|{spec.variant}|{spec.draft}"
-
-
-def _runtime_key(target: Target, info: RuntimeInfo) -> str:
-    """Identity of the model file and the runtime build (file identities, not a hash: cheap).
-
-    A stable string: the tuning store keeps it as `baseline_key`. A path that is not a
-    file (a model name the runtime resolves itself) stands for itself.
-    """
-    parts = [info.version]
-    for path in (target.model, info.binary):
-        identity = file_identity(path)
-        parts.append(str(identity) if identity else path)
-    return "|".join(parts)

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json
+from supervisor.config.schema import Target
+from supervisor.models.identity import file_identity
+from supervisor.plugin.values import RuntimeInfo
 from supervisor.tuning.speedup import Measurement
 
 SPECULATING, BASELINE, OFF = "speculating", "baseline", "off"
@@ -98,3 +101,22 @@ class TuningStore:
         data.update(self._unsaved)
         write_json(self.path, data, indent=1)
         self._unsaved.clear()
+
+
+def fingerprint(target: Target) -> str:
+    """The configuration a tuned length belongs to."""
+    spec = target.speculation
+    return f"{target.backend}|{target.model}|{spec.method}|{spec.variant}|{spec.draft}"
+
+
+def runtime_key(target: Target, info: RuntimeInfo) -> str:
+    """Identity of the model file and the runtime build (file identities, not a hash: cheap).
+
+    A stable string: the tuning store keeps it as `baseline_key`. A path that is not a
+    file (a model name the runtime resolves itself) stands for itself.
+    """
+    parts = [info.version]
+    for path in (target.model, info.binary):
+        identity = file_identity(path)
+        parts.append(str(identity) if identity else path)
+    return "|".join(parts)
