@@ -63,7 +63,7 @@ sys.path.insert(0, str(REPO))
 
 from plugins.llamacpp import provision  # noqa: E402
 from supervisor.bench.workloads import BUILT_IN  # noqa: E402
-from supervisor.plugin import assemble_example_model  # noqa: E402
+from supervisor.plugin import assemble_example_model, assemble_pair, pair_paths  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from serverproc import free_port, http  # noqa: E402
@@ -73,9 +73,11 @@ PHASES = ["code", "prose", "code"]
 # None: speculation off; (variant, length): another n-gram variant.
 # (n-max 8 was never the best in runs 1-6: left out, one target fewer to interleave.)
 SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 16, 32, 64, ("simple", 16), ("simple", 48)],
-                                "self-draft": [None, 2, 4, 16]}
+                                "self-draft": [None, 2, 4, 16],
+                                # The guide's n-max 16 and llama.cpp's default 3 among them.
+                                "pair": [None, 2, 3, 4, 8, 16]}
 # What the tuner may search besides the length, per case.
-TUNED_EXTRA = {"ngram-mod": {"variants": ["mod", "simple"]}, "self-draft": {}}
+TUNED_EXTRA = {"ngram-mod": {"variants": ["mod", "simple"]}, "self-draft": {}, "pair": {}}
 # The daemon's time constants scaled to the benchmark's phases, in seconds of one target's
 # own requests (multiplied by the number of interleaved targets below). In production a
 # cool-down of 15 min meets workloads that last hours; a phase here is about 40 s of a
@@ -296,7 +298,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=32, help="requests per phase (32)")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--cases", default="ngram-mod,self-draft")
+    ap.add_argument("--cases", default="ngram-mod,self-draft",
+                    help="ngram-mod, self-draft, pair (the F32 target with the partial draft "
+                    "of `specfleet setup --pair`)")
     ap.add_argument("--out", default="tuner_phases.json")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
@@ -315,12 +319,17 @@ def main() -> int:
         "ngram-mod": ({"method": "ngram", "variant": "mod"}, PHASES),
         "self-draft": ({"method": "draft", "draft": model}, ["code"]),
     }
+    if "pair" in args.cases.split(","):
+        pair = assemble_pair(lambda msg: print(msg, file=sys.stderr))
+        cases["pair"] = ({"method": "draft", "draft": str(pair["partial_draft"])}, PHASES)
     with tempfile.TemporaryDirectory(prefix="specfleet-bench-") as tmp:
         for case, (spec, phases) in cases.items():
             if case not in args.cases.split(","):
                 continue
             print(f"== {case}", file=sys.stderr, flush=True)
-            out["cases"][case] = run_case(Path(tmp) / case, base_target, spec, phases,
+            base = {**base_target, "model": str(pair_paths()["target"])} if case == "pair" \
+                else base_target
+            out["cases"][case] = run_case(Path(tmp) / case, base, spec, phases,
                                           SWEEPS[case], TUNED_EXTRA[case], n, mt)
             out["cases"][case]["phases"] = phases
             print(report({"cases": {case: out["cases"][case]}}), file=sys.stderr, flush=True)

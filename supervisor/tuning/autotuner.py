@@ -244,8 +244,11 @@ class AutoTuner:
         tps = stats.tokens_per_second or 0.0
         warm = (self.target.tuning.min_tokens / tps
                 if tps and self.launch_backend().drafter_learns() else 0.0)
+        # The new setting runs at least `cooldown` (no change comes sooner but at a drift),
+        # so the workload is expected to last at least that long.
+        lasted = max(now - (self._workload_since or now), self.target.tuning.cooldown)
         return weigh(decision, self.memory, self.bounds().current, self.restart_seconds,
-                     self.restart_is_free(), warm, now - (self._workload_since or now))
+                     self.restart_is_free(), warm, lasted)
 
     def _leave_regime(self, now: float) -> None:
         """At a drift: the speedups measured before it describe a workload that is gone;
