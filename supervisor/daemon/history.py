@@ -50,7 +50,9 @@ class History:
         """An event worth a mark on the target's charts (others are ignored)."""
         if event.target in ("", "-") or not (
                 event.kind in MARK_KINDS
-                or (event.kind == "state" and event.new in MARK_STATES and event.old)):
+                or (event.kind == "state" and event.new in MARK_STATES and event.old)
+                # A restart beside the old server changes no state: its start is the mark.
+                or (event.kind == "replace" and event.data.get("replace") == "beside")):
             return
         mark = {"kind": event.kind, "reason": event.reason}
         if event.new:

@@ -230,6 +230,9 @@ async function tailLog(name, pre) {
 
 // --- actions: the same API calls, behind the same token (session + CSRF header) ---
 
+const REPLACE_STEPS = { beside: "loading beside", switched: "switched", retired: "old stopped",
+  in_place: "in place", abandoned: "abandoned" };
+
 async function doRestart(name) {
   S.sequences = S.sequences || {};
   S.sequences[name] = "restart asked";
@@ -277,13 +280,20 @@ function listen() {
     const e = JSON.parse(msg.data);
     S.events.push(e);
     if (S.events.length > 500) S.events.shift();
-    if (e.kind === "state" && S.sequences && S.sequences[e.target] !== undefined && S.watch === e.target) {
-      S.sequences[e.target] += ` → ${e.new}`;
-      if (e.new === "ready" || e.new === "failed") S.watch = null;
+    if (S.sequences && S.sequences[e.target] !== undefined && S.watch === e.target) {
+      if (e.kind === "state") {
+        S.sequences[e.target] += ` → ${e.new}`;
+        if (e.new === "ready" || e.new === "failed") S.watch = null;
+      } else if (e.kind === "replace" && REPLACE_STEPS[e.data.replace]) {
+        // A restart beside the old server: its steps, no state changes (docs/tuning.md).
+        S.sequences[e.target] += ` → ${REPLACE_STEPS[e.data.replace]}`;
+        if (e.data.replace === "retired" || e.data.replace === "abandoned") S.watch = null;
+      }
     }
     refreshSoon();
   };
-  for (const kind of ["state", "tuning", "load", "reload", "daemon", "gpu", "placement", "pairing", "error", "adopt"]) {
+  for (const kind of ["state", "tuning", "load", "reload", "daemon", "gpu", "placement", "pairing", "error", "adopt",
+    "replace"]) {
     source.addEventListener(kind, onEvent);
   }
 }
