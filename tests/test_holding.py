@@ -17,6 +17,7 @@ def test_a_restart_in_place_waits_until_waiting_costs_more_than_restarting():
     assert hold(600, 10.0, 0.2, 0.05, free=False).seconds == 50  # 10 s / 20 %
     assert hold(600, 10.0, None, 0.05, free=False).seconds == 200  # valued at min_gain
     assert hold(600, 10.0, -0.1, 0.05, free=False).seconds == 200
+    assert hold(600, 10.0, None, 0.0, free=False).seconds == 600  # min_gain 0: max_wait
 
 
 def test_max_wait_bounds_the_wait_and_is_the_bound_before_any_start_was_timed():

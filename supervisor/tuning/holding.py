@@ -34,9 +34,9 @@ def hold(max_wait: float, restart_seconds: float | None, gain: float | None, min
          free: bool) -> Hold:
     if free:
         return Hold(0.0, "nothing: the new server starts beside the running one")
-    if restart_seconds is None:
-        return Hold(max_wait, f"an idle server, or {max_wait:g}s (tuning.max_wait)")
     value = gain if gain is not None and gain > 0 else min_gain
+    if restart_seconds is None or value <= 0:  # no start timed yet; min_gain 0: no value
+        return Hold(max_wait, f"an idle server, or {max_wait:g}s (tuning.max_wait)")
     limit = min(max_wait, restart_seconds / value)
     return Hold(limit, f"an idle server, or {limit:.0f}s: a restart in place costs about "
                 f"{restart_seconds:.1f}s with nothing served, and waiting loses about "
