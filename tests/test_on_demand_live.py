@@ -19,7 +19,7 @@ import yaml
 
 from supervisor.config.loader import load_fleet
 from supervisor.plugin.registry import default_registry
-from supervisor.tuning.autotuner import _fingerprint, _runtime_key
+from supervisor.tuning.store import fingerprint, runtime_key
 from tests.conftest import FAST_RESTART, DaemonProcess, llama_target, runtime_pids, wait_for, write_fleet
 
 pytestmark = pytest.mark.live
@@ -178,8 +178,8 @@ def test_idle_unload_unloads_and_the_next_request_reloads_with_the_tuned_length(
     runtime = asyncio.run(registry.backend_for(target).preflight())
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "tuning.json").write_text(json.dumps({"coder": {
-        "fingerprint": _fingerprint(target), "length": 7, "baseline_tps": 41.5,
-        "baseline_key": _runtime_key(target, runtime)}}))
+        "fingerprint": fingerprint(target), "length": 7, "baseline_tps": 41.5,
+        "baseline_key": runtime_key(target, runtime)}}))
     daemon = start_daemon(fleet)
     first = daemon.wait_state("coder", "ready", 60)  # start: always, then idle_unload
     assert first["speculation"]["draft_length"] == 7

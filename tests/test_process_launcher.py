@@ -124,6 +124,25 @@ def test_the_orphan_sweep_kills_recorded_groups_and_spares_recycled_pids(tmp_pat
     assert registry._read() == {}
 
 
+def test_two_children_of_one_target_are_both_recorded_and_swept(tmp_path):
+    """A new server started beside the old one (supervision/handover.py): for a while one
+    target has two children, and an unclean death of the daemon must not spare either."""
+    registry = ChildRegistry(tmp_path / "children.json")
+    old = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    new = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    registry.add("t", old.pid)
+    registry.add("t", new.pid)
+    assert len(registry._read()) == 2
+    killed = registry.sweep()
+    assert sorted(killed) == sorted([f"t (pid {old.pid})", f"t (pid {new.pid})"])
+    assert old.wait(5) == new.wait(5) == -signal.SIGKILL
+    # Removal by pid: the old one's exit leaves the new one's record.
+    registry.add("t", 1)  # (any pid: only the record matters here)
+    registry.add("t", os.getpid())
+    registry.remove("t", 1)
+    assert [e["pid"] for e in registry._read().values()] == [os.getpid()]
+
+
 @pytest.mark.parametrize("argv", [("/nonexistent/llama-server",)])
 async def test_a_missing_executable_raises_oserror_for_the_supervisor_to_report(tmp_path, argv):
     with pytest.raises(OSError):
