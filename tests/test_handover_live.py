@@ -1,8 +1,7 @@
 """A retune under steady traffic through the proxy, with the real llama-server: the new
 server starts beside the old one and takes over, and no request fails (docs/tuning.md,
-"Restarts that cost no service"). And the in-place restart it replaces, for contrast: the
-same traffic waits through the gap (held by the proxy), which the beside restart does not
-has."""
+"Restarts that cost no service"). And an API restart of a target beside and of one set to
+restart in place: neither fails a request, only the in-place one stops serving."""
 
 from __future__ import annotations
 

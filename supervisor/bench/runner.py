@@ -11,14 +11,12 @@ evidence behind it is thin (one run: the spread is unknown; few drafted tokens).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
 import socket
 import statistics
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +28,8 @@ from supervisor.bench.workloads import Workload
 from supervisor.config.schema import Target
 from supervisor.errors import SpecfleetError
 from supervisor.launcher.process import ProcessLauncher
-from supervisor.plugin.backend import Backend, LaunchSpec, Readiness
+from supervisor.plugin.backend import Backend, LaunchSpec
+from supervisor.supervision.probes import until_ready
 
 OFF = "off"
 # Fewer drafted tokens than this behind a recommended setting is too little to recommend
@@ -254,19 +253,10 @@ class BenchRunner:
                 await proc.stop(self.target.restart.stop_grace)
 
     async def _wait_ready(self, http: aiohttp.ClientSession, proc: Any) -> None:
-        deadline = time.monotonic() + self.target.health.start_timeout
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise SpecfleetError(f"the server exited with {proc.returncode} before it was "
-                                     f"ready; its output:\n{proc.output_tail()}")
-            try:
-                async with asyncio.timeout(self.target.health.timeout):
-                    if (await self.backend.probe(http)).readiness == Readiness.READY:
-                        return
-            except (TimeoutError, aiohttp.ClientError):
-                pass
-            await asyncio.sleep(0.25)
-        raise SpecfleetError("the server was not ready within health.start_timeout")
+        why = await until_ready(lambda: self.backend.probe(http), self.target.health,
+                                lambda: proc.returncode, poll=0.25)
+        if why is not None:
+            raise SpecfleetError(f"the server {why}; its output:\n{proc.output_tail()}")
 
 
 def write_report(out_dir: Path, target: Target, results: list[RunResult],

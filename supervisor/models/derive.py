@@ -2,8 +2,7 @@
 draft that agrees with it only part of the time, for tuning where the draft length matters
 (`specfleet setup --pair`, docs/tuning.md "A real draft-model pair").
 
-- `dequantized`: every quantized tensor turned into F32 or F16 (norms and other 1-D tensors
-  F32, as llama.cpp's converter writes them). The same weights as the source, only slower: the
+- `dequantized`: every quantized tensor turned into F32. The same weights as the source, only slower: the
   source drafting for it agrees almost always.
 - `without_blocks`: the source with some transformer blocks left out (their tensors
   dropped, the later ones renumbered, the block count lowered), quantized data copied as
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -43,17 +42,16 @@ def _copy_fields(reader, writer, changed: dict[str, int]) -> None:  # type: igno
         writer.add_key_value(field.name, value, kind, sub_type=sub)
 
 
-def _write(source: Path, dest: Path, changed: dict[str, int],
-           tensors: Callable[[object], Iterable[tuple[str, np.ndarray, object | None]]]) -> Path:
-    """Write `dest` from `source`: its metadata with `changed` applied, and the tensors
-    `tensors(reader)` yields as (name, data, raw type or None for a plain numpy array)."""
+def _write(reader, dest: Path, changed: dict[str, int],  # type: ignore[no-untyped-def]
+           tensors: Iterable[tuple[str, np.ndarray, object | None]]) -> Path:
+    """Write `dest` from the source `reader` holds: its metadata with `changed` applied, and
+    `tensors` as (name, data, raw type or None for a plain numpy array)."""
     gguf = _gguf()
-    reader = gguf.GGUFReader(source)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     partial = dest.with_name(dest.name + ".partial")
     writer = gguf.GGUFWriter(partial, arch)
     _copy_fields(reader, writer, changed)
-    for name, data, raw in tensors(reader):
+    for name, data, raw in tensors:
         if raw is None:
             writer.add_tensor(name, data)
         else:
@@ -66,20 +64,20 @@ def _write(source: Path, dest: Path, changed: dict[str, int],
     return dest
 
 
-def dequantized(source: Path, dest: Path, dtype: type[np.floating] = np.float32) -> Path:
-    """`source` with every tensor of two or more dimensions in `dtype` (F32 or F16)."""
+def dequantized(source: Path, dest: Path) -> Path:
+    """`source` with every tensor in F32."""
     gguf = _gguf()
+    reader = gguf.GGUFReader(source)
     plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
 
-    def tensors(reader):  # type: ignore[no-untyped-def]
+    def tensors():  # type: ignore[no-untyped-def]
         for t in reader.tensors:
             data = t.data if t.tensor_type in plain else gguf.quants.dequantize(
                 t.data, t.tensor_type)
             shape = tuple(int(n) for n in reversed(t.shape))  # numpy's order: ne0 last
-            data = np.asarray(data, dtype=np.float32).reshape(shape)
-            yield t.name, data.astype(dtype) if len(shape) > 1 else data, None
+            yield t.name, np.asarray(data, dtype=np.float32).reshape(shape), None
 
-    return _write(source, dest, {}, tensors)
+    return _write(reader, dest, {}, tensors())
 
 
 def without_blocks(source: Path, dest: Path, drop: Iterable[int]) -> Path:
@@ -95,7 +93,7 @@ def without_blocks(source: Path, dest: Path, drop: Iterable[int]) -> Path:
     kept = [b for b in range(blocks) if b not in dropped]
     renumber = {old: new for new, old in enumerate(kept)}
 
-    def tensors(reader):  # type: ignore[no-untyped-def]
+    def tensors():  # type: ignore[no-untyped-def]
         for t in reader.tensors:
             name = t.name
             if m := _BLOCK.match(name):
@@ -106,4 +104,4 @@ def without_blocks(source: Path, dest: Path, drop: Iterable[int]) -> Path:
             # Quantized data as stored (bytes; its logical shape is what the header says).
             yield name, t.data, t.tensor_type
 
-    return _write(source, dest, {count_key: len(kept)}, tensors)
+    return _write(reader, dest, {count_key: len(kept)}, tensors())

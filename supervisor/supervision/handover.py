@@ -24,7 +24,6 @@ port (the configured one again at the next such restart, when it is free).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -38,9 +37,10 @@ from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
 from supervisor.gpu.vram import gib
-from supervisor.plugin.backend import Backend, LaunchSpec, Readiness
+from supervisor.plugin.backend import Backend, LaunchSpec
 from supervisor.plugin.launching import Launcher, RunningProcess
 from supervisor.supervision.commands import Request
+from supervisor.supervision.probes import until_ready
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.runrecord import RunRecorder
 from supervisor.supervision.start import StartPlan, follow, plan_start
@@ -48,7 +48,6 @@ from supervisor.tuning.autotuner import AutoTuner
 
 # Host memory left over once both servers run: the daemon, the page cache of a busy box.
 HOST_MARGIN = 512 * 1024**2
-READY_POLL = 0.1  # seconds between probes of the new server
 
 
 class Owner(Protocol):
@@ -91,11 +90,15 @@ def in_place_reason(replace: str, beside_trait: bool, launcher: str,
     return None
 
 
+def _why_in_place(owner: Owner) -> str | None:
+    return in_place_reason(owner.target.restart.replace, owner.launcher.traits.beside,
+                           owner.target.launcher, owner.proxied)
+
+
 def may_go_beside(owner: Owner) -> bool:
     """Whether a planned restart of this target may start the new server beside the old one,
     memory permitting (the tuner then applies its decisions without waiting for idleness)."""
-    return in_place_reason(owner.target.restart.replace, owner.launcher.traits.beside,
-                           owner.target.launcher, owner.proxied) is None
+    return _why_in_place(owner) is None
 
 
 def host_room(need: int | None, available: int) -> tuple[bool, str]:
@@ -116,24 +119,15 @@ def next_port(current: int, home: int, is_free: Callable[[int], bool],
     return spare()
 
 
-def _bind_host(host: str) -> str:
-    return "0.0.0.0" if host in ("", "*") else host
-
-
-def port_is_free(host: str, port: int) -> bool:
+def _bind(host: str, port: int) -> int | None:
+    """Bind `port` (0: any) on the target's address and let go: the port bound, or None
+    when it is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
-            s.bind((_bind_host(host), port))
+            s.bind(("0.0.0.0" if host in ("", "*") else host, port))
         except OSError:
-            return False
-    return True
-
-
-def spare_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((_bind_host(host), 0))
+            return None
         return int(s.getsockname()[1])
 
 
@@ -163,8 +157,7 @@ async def replace_beside(owner: Owner, old: RunningProcess, request: Request,
                          ) -> RunningProcess | Request | None:
     """The new server, serving; a command that came while it loaded (the new server is gone,
     the command is the owner's to handle); or None: restart in place (the event says why)."""
-    why = in_place_reason(owner.target.restart.replace, owner.launcher.traits.beside,
-                          owner.target.launcher, owner.proxied)
+    why = _why_in_place(owner)
     if why is None:
         fits, detail = await room_beside(owner)
         why = None if fits else detail
@@ -173,7 +166,7 @@ async def replace_beside(owner: Owner, old: RunningProcess, request: Request,
         return None
     host = owner.target.host
     port = next_port(owner.backend.target.port, owner.home.target.port,
-                     lambda p: port_is_free(host, p), lambda: spare_port(host))
+                     lambda p: _bind(host, p) is not None, lambda: _bind(host, 0) or 0)
     moved = owner.home.at_port(port)
     try:
         plan = await plan_start(owner.name, moved, owner.launcher, owner.placer, owner.tuner,
@@ -211,35 +204,16 @@ async def _until_ready(owner: Owner, backend: Backend, new: RunningProcess,
                        next_command: Callable[[], Awaitable[Request]]) -> str | Request | None:
     """None once the new server's health check passes; else why not, or the command that
     came first."""
-    ready = asyncio.create_task(_probe_until_ready(backend, owner.http, owner.target))
-    exited = asyncio.create_task(new.wait())
+    ready = asyncio.create_task(until_ready(lambda: backend.probe(owner.http),
+                                            owner.target.health, lambda: new.returncode))
     command = asyncio.create_task(next_command())
     try:
-        done, _ = await asyncio.wait({ready, exited, command}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({ready, command}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (ready, exited, command):
+        for task in (ready, command):
             if not task.done():
                 task.cancel()  # a queue's get cancelled takes nothing from it
-    if command in done:
-        return command.result()
-    if ready in done:
-        return ready.result()
-    return f"exited with status {exited.result()} while it loaded"
-
-
-async def _probe_until_ready(backend: Backend, http: aiohttp.ClientSession,
-                             target: Target) -> str | None:
-    deadline = time.monotonic() + target.health.start_timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-            async with asyncio.timeout(target.health.timeout):
-                probe = await backend.probe(http)
-            if probe.readiness is Readiness.READY:
-                return None
-            if probe.readiness is Readiness.DEAD:
-                return f"will not serve ({probe.detail})"
-        await asyncio.sleep(READY_POLL)
-    return f"was not ready within health.start_timeout ({target.health.start_timeout:g}s)"
+    return command.result() if command in done else ready.result()
 
 
 def _take_over(owner: Owner, old: RunningProcess, new: RunningProcess, backend: Backend,

@@ -201,6 +201,26 @@ class QuietRuntime:
         self._last = None if cpu is None else (cpu, self.proxy_mark(), self.clock())
 
 
+async def until_ready(probe: Callable[[], Awaitable[Probe]], health: Health,
+                      exited: Callable[[], int | None], poll: float = 0.1) -> str | None:
+    """Probe a server that is not supervised yet (started beside a serving one, or by
+    `specfleet bench`) until it is ready: None then, else why not (it exited, says it will
+    not serve, or is still loading after `health.start_timeout`)."""
+    deadline = time.monotonic() + health.start_timeout
+    while time.monotonic() < deadline:
+        if (code := exited()) is not None:
+            return f"exited with status {code} while it loaded"
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            async with asyncio.timeout(health.timeout):
+                answer = await probe()
+            if answer.readiness is Readiness.READY:
+                return None
+            if answer.readiness is Readiness.DEAD:
+                return f"will not serve ({answer.detail})"
+        await asyncio.sleep(poll)
+    return f"was not ready within health.start_timeout ({health.start_timeout:g}s)"
+
+
 async def poll_metrics(health: Health, read: Callable[[], Awaitable[MetricsSample | None]],
                        serving: Callable[[], bool],
                        on_sample: Callable[[MetricsSample], None],
