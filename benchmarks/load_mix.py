@@ -45,6 +45,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load_phases as lp
+from phase_measure import counters, wait_for_quiet
+from serverproc import http, run_clients
 
 from plugins.llamacpp import provision
 from supervisor.bench.workloads import BUILT_IN
@@ -78,7 +80,7 @@ def phase(send_base: str, model: str, counters_base: str | None, clients: int,
             t0 = time.monotonic()
             for _ in range(200):
                 try:
-                    status, raw = lp.http(f"{send_base}/v1/completions", body, timeout=300)
+                    status, raw = http(f"{send_base}/v1/completions", body, timeout=300)
                 except OSError:
                     status, raw = -1, b""
                 if status == 200:
@@ -91,11 +93,11 @@ def phase(send_base: str, model: str, counters_base: str | None, clients: int,
                 latencies.append(dt)
                 tokens[0] += int(json.loads(raw)["usage"]["completion_tokens"])
 
-    before = lp.counters("llamacpp", counters_base) if counters_base else None
-    seconds = lp.run_clients(client, clients)
+    before = counters("llamacpp", counters_base) if counters_base else None
+    seconds = run_clients(client, clients)
     acceptance = None
     if counters_base and before is not None:
-        after = lp.counters("llamacpp", counters_base)
+        after = counters("llamacpp", counters_base)
         drafted = after["draft_tokens"] - before["draft_tokens"]
         acceptance = (after["accepted_tokens"] - before["accepted_tokens"]) / drafted \
             if drafted else None
@@ -274,7 +276,7 @@ def main() -> int:
 
     def strategy(name: str, run, **extra_of) -> None:
         # Other people's heavy jobs share the 2 cores: wait for them (recorded if in vain).
-        if others := lp.wait_for_quiet(args.quiet_wait):
+        if others := wait_for_quiet(args.quiet_wait):
             shared[name] = others
         started = time.monotonic()
         rows, extra = run()

@@ -18,8 +18,11 @@ every target in turn (the order rotating each round) before request i+1. Measure
 after another, the same setting on the same prompts differed by up to 40 % between rows
 minutes apart on this 2-core machine (run 5: ngram-mod n-max 64 at 73.5 and at 102
 tokens/s), more than the differences the benchmark is about; interleaved, every strategy
-sees the same machine at the same moments. The `defaults` and `fixed-64` targets run the
-same flags (n-max 64, n-min 48): their ratio is the noise of the run, printed.
+sees the same machine at the same moments. No two requests of a target send the same text
+(`Workload.prompt`: the code prompts' identifiers renamed for each request; runs 1-13 cycled
+three prompts per workload), so that ngram-mod's pool cannot draft an answer it saw. The
+`defaults` and `fixed-64` targets run the same flags (n-max 64, n-min 48): their ratio is
+the noise of the run, printed.
 
 Requests go through specfleet's proxy (the path a router uses): a restart for a retune or
 a reload drains the request in flight, and requests wait while a target restarts. Each
@@ -205,8 +208,10 @@ class Rule:
 
 
 def run_phase(fleet: Fleet, names: list[str], workload: str, n: int, max_tokens: int,
-              rule: Rule, until=None) -> dict[str, Tally]:
-    """n successful requests per target, interleaved; `until()` true ends it early."""
+              rule: Rule, until=None, first: int = 0) -> dict[str, Tally]:
+    """n successful requests per target, interleaved; `until()` true ends it early. Request
+    j of a target gets the workload's prompt `first + j` (a new text for every request:
+    Workload.prompt), the same for every target."""
     w = BUILT_IN[workload]
     tallies = {name: Tally() for name in names}
     i = 0
@@ -218,7 +223,7 @@ def run_phase(fleet: Fleet, names: list[str], workload: str, n: int, max_tokens:
             if tally.done >= n:
                 continue
             started = time.time()
-            timings = fleet.complete(name, w.prompts[tally.done % len(w.prompts)], max_tokens,
+            timings = fleet.complete(name, w.prompt(first + tally.done), max_tokens,
                                      w.sampling)
             tally.requests.append((started, time.time()))
             if timings is None:
@@ -264,9 +269,10 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
                          until=lambda: warmed_up(fleet, extra.get("variants", [])))
         warm_window = (start, time.time())
         windows, tallies = [], []
-        for p in phases:
+        for k, p in enumerate(phases, 1):  # the warm-up had prompts 0..WARMUP_MAX-1
             start = time.time()
-            tallies.append(run_phase(fleet, names, p, n, max_tokens, rule))
+            tallies.append(run_phase(fleet, names, p, n, max_tokens, rule,
+                                     first=k * max(WARMUP_MAX, n)))
             windows.append((start, time.time()))
         events = fleet.events()
     finally:

@@ -11,6 +11,7 @@ import yaml
 
 from supervisor.bench import runner
 from supervisor.bench.runner import OFF, RunResult, recommend, summarize, sweep_lengths
+from supervisor.bench.workloads import BUILT_IN
 from supervisor.config.schema import Target
 from tests.conftest import REPO, free_port
 
@@ -18,6 +19,17 @@ from tests.conftest import REPO, free_port
 def test_sweep_covers_powers_of_two_the_bounds_and_the_current_length():
     assert sweep_lengths(2, 24, 6) == [2, 4, 6, 8, 16, 24]
     assert sweep_lengths(1, 1, None) == [1]
+
+
+def test_every_request_of_a_code_workload_is_a_new_text_with_the_same_shape():
+    code = BUILT_IN["code"]
+    texts = [code.prompt(i) for i in range(300)]
+    assert len(set(texts)) == 300  # an n-gram pool never saw this request's names
+    first, again = code.prompt(0), code.prompt(len(code.prompts))
+    assert first != again and first.count("\n") == again.count("\n")
+    # Renamed where they stand as names only: the prompt still repeats itself exactly.
+    assert first.count("def parse_line_") == 2 and "partition('=')" in first
+    assert BUILT_IN["prose"].prompt(4) == BUILT_IN["prose"].prompts[1]  # sampled anew anyway
 
 
 def test_speedups_are_against_speculation_off_in_the_same_run():

@@ -173,3 +173,28 @@ def test_with_a_cost_split_fitted_earlier_a_small_predicted_gain_is_not_explored
     assert fresh.action == "explore", fresh.reason
     assert known.action == "keep", known.reason
     assert known.data["predicted_gain"] < SETTINGS.min_gain
+
+
+def test_a_reprobe_runs_a_short_draft_and_a_method_without_lengths_as_it_was():
+    off = TunerMemory("x", baseline_tps=200.0, phase=OFF, last_change=0.0, length=12)
+    long = Bounds(current=12, low=1, high=64, tunable=True)
+    d = plan(off, stats(), SETTINGS, long, 700.0, False)
+    assert d.action == "enable" and d.memory.length == 2 and d.data["length"] == 2
+    assert "at length 2" in d.reason
+    floor = Bounds(current=12, low=8, high=64, tunable=True)  # shortest allowed is longer
+    assert plan(off, stats(), SETTINGS, floor, 700.0, False).memory.length == 8
+    fixed = Bounds(current=12, low=1, high=64, tunable=False)
+    assert plan(off, stats(), SETTINGS, fixed, 700.0, False).memory.length == 12
+
+
+def test_a_setting_that_loses_most_of_the_throughput_is_judged_at_once():
+    # 0.25x the baseline, 10 steps (half of min_steps), 10 s into a 60 s cool-down: judged.
+    memory = TunerMemory("x", baseline_tps=400.0, last_change=0.0)
+    d = plan(memory, stats(drafts=10), SETTINGS, BOUNDS, 10.0, False)
+    assert d is not None and d.action == "disable"
+    # Fewer than a quarter of min_steps is not evidence even then.
+    assert plan(memory, stats(drafts=4), SETTINGS, BOUNDS, 10.0, False) is None
+    # A setting that merely loses a little waits for the cool-down and min_steps as before.
+    mild = TunerMemory("x", baseline_tps=110.0, last_change=0.0)  # 0.91x
+    assert plan(mild, stats(), SETTINGS, BOUNDS, 10.0, False) is None
+    assert plan(mild, stats(drafts=10), SETTINGS, BOUNDS, 100.0, False) is None

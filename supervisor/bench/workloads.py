@@ -9,6 +9,7 @@ written for small base models (no chat template needed).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,29 @@ class Workload:
     name: str
     prompts: tuple[str, ...]
     sampling: dict[str, Any] = field(default_factory=dict)
+    # Names renamed in each request by `prompt` (for code: its identifiers).
+    renamed: tuple[str, ...] = ()
+
+    def prompt(self, i: int) -> str:
+        """Request i's prompt: the prompts in turn, with `renamed` given a suffix of i's own,
+        so that no two requests are the same text and a drafter that learns across requests
+        (llama.cpp's ngram-mod pool) cannot draft one answer from an earlier one; what it
+        can draft is what the request itself repeats, as in real code edits."""
+        base = self.prompts[i % len(self.prompts)]
+        if not self.renamed:
+            return base
+        tag = _tag(i)
+        pattern = r"\b(" + "|".join(map(re.escape, self.renamed)) + r")\b"
+        return re.sub(pattern, lambda m: f"{m.group(1)}_{tag}", base)
+
+
+def _tag(i: int) -> str:
+    """A short name of letters for i, different for every i ("ba", "bb", ...)."""
+    letters, n = "", i + 26
+    while n:
+        n, r = divmod(n, 26)
+        letters = "abcdefghijklmnopqrstuvwxyz"[r] + letters
+    return letters
 
 
 _CODE = (
@@ -38,6 +62,9 @@ _CODE = (
     "SELECT id, total, created FROM orders WHERE user_id = 7 ORDER BY created;\n"
     "SELECT id, name, email FROM users WHERE active = 1 ORDER BY name;\n",
 )
+
+_CODE_NAMES = ("parse_line", "parse_file", "key", "value", "line", "path", "Point", "other",
+               "users", "orders", "email", "total", "created", "user_id")
 
 _JSON = (
     "Text: Maria Lopez, 34, lives in Valencia and works as a nurse.\n"
@@ -64,7 +91,7 @@ _PROSE = (
 )
 
 BUILT_IN: dict[str, Workload] = {
-    "code": Workload("code", _CODE, {"temperature": 0.0}),
+    "code": Workload("code", _CODE, {"temperature": 0.0}, _CODE_NAMES),
     "json": Workload("json", _JSON, {"temperature": 0.0}),
     # Anti-repetition sampling: without it, small models loop and n-gram drafts look great.
     # No fixed seed: ngram-mod keeps its n-gram pool across requests, so a repeated seed

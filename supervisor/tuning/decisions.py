@@ -10,7 +10,10 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
 - after a change, `cooldown` before the next one, unless the drift detector saw a
   sustained change of acceptance (then as soon as there is new evidence);
 - speculation off when no length beats it by `off_margin`, and a re-probe with
-  speculation after `reprobe`;
+  speculation after `reprobe`, at a short draft (`probe_length`);
+- a setting measured at under `LOSING` times the baseline is judged at once, on a quarter
+  of `min_steps`, cool-down or not: the cool-down keeps marginal changes from flapping, it
+  must not hold a setting that loses most of the throughput;
 - lengths already measured in the current workload regime are judged by their
   measured speedup; when only one length has been measured and the model prefers
   another by less than `min_gain` but at least half of it, that one is tried once
@@ -42,6 +45,16 @@ SEARCH_LIMIT = 3
 # up to 2**REPROBE_DOUBLINGS times `reprobe`: a target whose speculation never pays (a
 # self-draft, a prose-only workload) stops paying a restart and a slow window every hour.
 REPROBE_DOUBLINGS = 3
+# A re-probe drafts this many tokens a step (or the shortest length allowed, if longer):
+# where speculation still does not pay, a short draft loses least while it is measured
+# (run 13 of tuner_phases, prose: n-max 2 at 0.57x off, 12 at 0.17x), and where it pays
+# again its acceptance shows it and a retune lengthens the draft from there.
+PROBE_LENGTH = 2
+# Under this speedup over the baseline a setting is judged without waiting for the
+# cool-down, and on a quarter of the usual evidence: run 13 of tuner_phases held n-max 12 at
+# 0.18x off in prose for a whole cool-down after the retune to it. Nothing this slow is
+# noise: at 0.6x a quarter of `min_steps` is still tens of verification steps.
+LOSING = 0.6
 
 
 class Action(enum.StrEnum):
@@ -88,9 +101,11 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
         wait = reprobe_wait(memory, settings)
         if memory.last_change is not None and now - memory.last_change < wait:
             return None
-        return Decision(Action.ENABLE, replace(memory, phase=SPECULATING, last_change=now),
-                        f"re-probing speculation at length {bounds.current} after "
-                        f"{wait:g}s off", {"length": bounds.current, "waited_off_s": wait})
+        probe = probe_length(bounds)
+        return Decision(Action.ENABLE, replace(memory, phase=SPECULATING, last_change=now,
+                                               length=probe if bounds.tunable else memory.length),
+                        f"re-probing speculation at length {probe} after {wait:g}s off",
+                        {"length": probe, "waited_off_s": wait})
     if memory.baseline_tps is None:
         # Wait for enough speculative evidence too, so that it can be judged the moment the
         # baseline is known; a target that hardly ever drafts gets its baseline anyway.
@@ -103,12 +118,32 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
                         "no baseline for this model and runtime yet: measuring throughput "
                         f"without speculation for {settings.min_tokens} tokens",
                         {"evidence": stats.to_dict()})
-    if stats.drafts < settings.min_steps or not stats.tokens_per_second:
+    if not stats.tokens_per_second or stats.drafts < max(1, settings.min_steps // 4):
         return None
-    if (not drift and memory.last_change is not None
+    losing = quick_speedup(memory, stats, load) < LOSING
+    if not losing and stats.drafts < settings.min_steps:
+        return None
+    if (not drift and not losing and memory.last_change is not None
             and now - memory.last_change < settings.cooldown):
         return None
     return evaluate(memory, stats, settings, bounds, now, drift, load)
+
+
+def probe_length(bounds: Bounds) -> int:
+    """The draft length a re-probe runs: short (PROBE_LENGTH), within the bounds."""
+    if not bounds.tunable:
+        return bounds.current
+    return max(bounds.low, min(PROBE_LENGTH, bounds.high))
+
+
+def quick_speedup(memory: TunerMemory, stats: WindowStats, load: Summary) -> float:
+    """The window's speedup over the baseline, over the mix of loads where the baseline
+    covers it (a request is slower beside seven others whatever the setting), else the
+    plain ratio; 1.0 without a baseline."""
+    if not memory.baseline_tps or not stats.tokens_per_second:
+        return 1.0
+    mix = judge(load, memory.baseline_by_load)
+    return mix.speedup if mix else stats.tokens_per_second / memory.baseline_tps
 
 
 def reprobe_wait(memory: TunerMemory, settings: Tuning) -> float:
