@@ -198,3 +198,14 @@ def test_a_setting_that_loses_most_of_the_throughput_is_judged_at_once():
     mild = TunerMemory("x", baseline_tps=110.0, last_change=0.0)  # 0.91x
     assert plan(mild, stats(), SETTINGS, BOUNDS, 10.0, False) is None
     assert plan(mild, stats(drafts=10), SETTINGS, BOUNDS, 100.0, False) is None
+
+
+def test_a_busier_server_than_the_baseline_saw_is_not_taken_for_a_losing_setting():
+    # The window ran at 8 requests at a time, the baseline only at 1: per-request speed is
+    # a quarter of the baseline's, which says nothing about the setting.
+    memory = TunerMemory("x", baseline_tps=400.0, last_change=0.0, baseline_by_load={"1": 400.0})
+    assert plan(memory, stats(drafts=10), SETTINGS, BOUNDS, 10.0, False, {"8": (400, 100.0)}) is None
+    # Where the baseline saw that load, the judgement is over the mix: losing, judged at once.
+    seen = replace(memory, baseline_by_load={"1": 400.0, "8": 400.0})
+    d = plan(seen, stats(drafts=10), SETTINGS, BOUNDS, 10.0, False, {"8": (400, 100.0)})
+    assert d is not None and d.action == "disable"

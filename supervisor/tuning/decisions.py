@@ -137,13 +137,15 @@ def probe_length(bounds: Bounds) -> int:
 
 
 def quick_speedup(memory: TunerMemory, stats: WindowStats, load: Summary) -> float:
-    """The window's speedup over the baseline, over the mix of loads where the baseline
-    covers it (a request is slower beside seven others whatever the setting), else the
-    plain ratio; 1.0 without a baseline."""
+    """The window's speedup over the baseline over the mix of loads; the plain ratio of
+    speeds only where there is no evidence by load at all. 1.0 (not known to lose) without
+    a baseline, or where the window ran at loads the baseline did not see: a request is
+    slower beside seven others whatever the setting, and that is no reason to hurry."""
     if not memory.baseline_tps or not stats.tokens_per_second:
         return 1.0
-    mix = judge(load, memory.baseline_by_load)
-    return mix.speedup if mix else stats.tokens_per_second / memory.baseline_tps
+    if mix := judge(load, memory.baseline_by_load):
+        return mix.speedup
+    return 1.0 if load else stats.tokens_per_second / memory.baseline_tps
 
 
 def reprobe_wait(memory: TunerMemory, settings: Tuning) -> float:
