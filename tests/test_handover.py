@@ -153,3 +153,20 @@ def test_the_port_goes_home_when_it_is_free():
     assert next_port(8080, 8080, lambda p: True, spare) == 40001  # on its own port: elsewhere
     assert next_port(40001, 8080, lambda p: True, spare) == 8080  # elsewhere: home again
     assert next_port(40001, 8080, lambda p: False, spare) == 40002  # home taken: elsewhere
+
+
+def test_why_a_reload_restarts_a_changed_target_in_place():
+    from supervisor.config.schema import Target
+    from supervisor.daemon.replacing import reload_in_place_reason
+
+    old = Target(name="t", backend="fake", model="m", port=1)
+    new = Target(name="t", backend="fake", model="m2", port=1)
+    assert reload_in_place_reason(old, S.READY, new, True, proxied=True) is None
+    assert reload_in_place_reason(old, S.DEGRADED, new, True, proxied=True) is None
+    assert "no service to keep" in reload_in_place_reason(old, S.BACKOFF, new, True, True)
+    assert "no service to keep" in reload_in_place_reason(old, S.UNLOADED, new, True, True)
+    moved = Target(name="t", backend="fake", model="m", port=1, launcher="systemd")
+    assert "launcher changes (process -> systemd)" in reload_in_place_reason(
+        old, S.READY, moved, True, True)
+    assert "proxy is off" in reload_in_place_reason(old, S.READY, new, True, proxied=False)
+    assert "'process' launcher" in reload_in_place_reason(old, S.READY, new, False, True)

@@ -1,11 +1,14 @@
 """A retune under steady traffic through the proxy, with the real llama-server: the new
 server starts beside the old one and takes over, and no request fails (docs/tuning.md,
-"Restarts that cost no service"). And an API restart of a target beside and of one set to
-restart in place: neither fails a request, only the in-place one stops serving."""
+"Restarts that cost no service"). An API restart of a target beside and of one set to
+restart in place: neither fails a request, only the in-place one stops serving. A reload
+that changes a serving target: its new server starts beside the old one, and a new server
+that cannot start falls back to a restart in place with the runtime's own output."""
 
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import urllib.error
@@ -131,3 +134,48 @@ def test_an_api_restart_beside_and_in_place_both_fail_no_request(
         assert steps[-1] == expect, steps
     assert ("ready", "stopping") not in daemon.transitions("t")
     assert ("ready", "stopping") in daemon.transitions("u")
+
+
+def changed_ctx(fleet: Path, ctx: str) -> None:
+    doc = yaml.safe_load(fleet.read_text())
+    args = doc["targets"]["t"]["args"]
+    args[args.index("--ctx-size") + 1] = ctx
+    fleet.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_a_reload_that_changes_a_serving_target_fails_no_request(
+        tmp_path, model, llama_server_bin, start_daemon):
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    first = daemon.wait_state("t", "ready")
+    with Traffic(proxy_of(fleet)) as traffic:
+        wait_for(lambda: traffic.count() >= 4, 60, "traffic")
+        changed_ctx(fleet, "1024")
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: "retired" in replace_steps(daemon), 120, "the changed target's server")
+        done = traffic.count()
+        wait_for(lambda: traffic.count() >= done + 4, 60, "requests on the new server")
+    assert traffic.failed() == [], traffic.failed()[:3]
+    assert replace_steps(daemon) == ["beside", "switched", "retired"]
+    now = daemon.target("t")
+    assert now["state"] == "ready" and now["pid"] != first["pid"]
+    assert not psutil.pid_exists(first["pid"])
+    cmdline = psutil.Process(now["pid"]).cmdline()
+    assert cmdline[cmdline.index("--ctx-size") + 1] == "1024"
+    assert now["endpoint"] != first["endpoint"]  # the configured port was the old one's
+
+
+def test_a_changed_target_whose_new_server_cannot_start_is_restarted_in_place(
+        tmp_path, model, llama_server_bin, start_daemon):
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    first = daemon.wait_state("t", "ready")
+    changed_ctx(fleet, "not-a-number")  # the fleet file takes it; llama-server does not
+    daemon.signal(signal.SIGHUP)
+    wait_for(lambda: "in_place" in replace_steps(daemon), 120, "the fallback to in place")
+    event = [e for e in daemon.events("t") if e["kind"] == "replace"][-1]
+    assert "restarting in place" in event["reason"] and event["data"]["output"]
+    assert replace_steps(daemon) == ["beside", "in_place"]
+    wait_for(lambda: not psutil.pid_exists(first["pid"]), 60, "the old server to stop")
+    wait_for(lambda: daemon.target("t").get("state") in ("backoff", "failed"), 60,
+             "the changed target's failure, shown as such")

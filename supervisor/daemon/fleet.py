@@ -2,8 +2,9 @@
 HTTP side gets (api/fleetview.py's FleetView).
 
 A reload applies a changed fleet file target by target: removed targets stop, changed
-ones restart with their new settings, added ones start; a file with any problem is
-rejected whole and the running fleet is untouched.
+ones restart with their new settings (a serving one beside its old server where it may:
+replacing.py), added ones start; a file with any problem is rejected whole and the
+running fleet is untouched.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from supervisor.config.loader import load_fleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.daemon.history import History
 from supervisor.daemon.ondemand import OnDemandLoader
+from supervisor.daemon.replacing import reload_in_place_reason, replace_beside
 from supervisor.errors import FleetFileError
-from supervisor.events import EventBus
+from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer, held_vram
 from supervisor.plugin.launching import Launcher, local_pid
 from supervisor.plugin.registry import Registry
 from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.runrecord import RunRecorder
-from supervisor.supervision.states import State
+from supervisor.supervision.states import SERVING, State
 from supervisor.tuning.store import TuningStore
 
 Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon event
@@ -66,21 +68,28 @@ class FleetSupervisors:
         self.before_apply: Callable[[Fleet, Fleet], Any] | None = None
         self.after_apply: Callable[[Fleet], Any] | None = None
         self.on_owner_error: Callable[[asyncio.Task[None]], None] | None = None
+        self._replacing: set[asyncio.Task[None]] = set()  # reloads under way beside the old
 
     # --- targets ---
 
     def add(self, target: Target, reason: str = "daemon started") -> None:
+        sup = self._create(target, reason, self._starts_unloaded(target))
+        self.supervisors[target.name] = sup
+        self._start(sup)
+
+    def _create(self, target: Target, reason: str, unloaded: bool) -> TargetSupervisor:
         assert self.http is not None
         launcher = self.launcher_for(target)
         sup = TargetSupervisor(target, self.registry.backend_for(target), launcher,
                                self.events, self.http,
                                log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
-                               records=self.records,
-                               start_reason=reason, unloaded=self._starts_unloaded(target),
+                               records=self.records, start_reason=reason, unloaded=unloaded,
                                proxied=self.fleet.daemon.proxy.enabled)
         self.on_demand.attach(sup)
-        self.supervisors[target.name] = sup
+        return sup
+
+    def _start(self, sup: TargetSupervisor) -> None:
         task = sup.start_owner_task()
         if self.on_owner_error is not None:
             task.add_done_callback(self.on_owner_error)
@@ -96,6 +105,9 @@ class FleetSupervisors:
 
     async def stop_all(self, reason: str) -> None:
         self.on_demand.close()
+        for task in list(self._replacing):  # a new server still loading beside an old one
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         # Reverse file order: what was listed first (often what others depend on) stops last.
         # Targets that swap are never left running: the next daemon starts them unloaded.
         for sup in reversed(list(self.supervisors.values())):
@@ -143,6 +155,7 @@ class FleetSupervisors:
         return False, problems
 
     async def _apply(self, new: Fleet) -> None:
+        await asyncio.gather(*self._replacing, return_exceptions=True)  # the last reload's
         old = self.fleet
         old_targets, new_targets = old.targets, new.targets
         removed = [n for n in old_targets if n not in new_targets]
@@ -166,8 +179,7 @@ class FleetSupervisors:
         for name in removed:
             await self.supervisors.pop(name).shutdown("removed from the fleet file")
         for name in changed:
-            await self.supervisors.pop(name).shutdown("changed in the fleet file")
-            self.add(new_targets[name], f"changed in {self.fleet_path} (reload)")
+            await self._change(self.supervisors[name], new_targets[name])
         for name in added:
             self.add(new_targets[name], f"added to {self.fleet_path} (reload)")
         for name in retried:
@@ -177,6 +189,43 @@ class FleetSupervisors:
             await self.after_apply(new)
         # Keep file order for status and for the stop order.
         self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
+
+    async def _change(self, old: TargetSupervisor, target: Target) -> None:
+        """A changed target: its new server beside the old one where it may, else in place."""
+        why = reload_in_place_reason(old.target, old.state, target,
+                                     self.launcher_for(target).traits.beside,
+                                     self.fleet.daemon.proxy.enabled)
+        if why is None:
+            new = self._create(target, f"changed in {self.fleet_path} (reload): starting "
+                               "beside the old server", unloaded=False)
+            task = asyncio.create_task(self._replace(old, new), name=f"replace:{old.name}")
+            self._replacing.add(task)
+            task.add_done_callback(self._replacing.discard)
+            return
+        if old.state in SERVING:
+            self.events.emit(Event(old.name, "replace", f"restarting in place after the "
+                                   f"reload: {why}", data={"replace": "in_place"}))
+        await self._in_place(old, target)
+
+    async def _in_place(self, old: TargetSupervisor, target: Target) -> None:
+        if self.supervisors.get(old.name) is old:
+            del self.supervisors[old.name]
+        await old.shutdown("changed in the fleet file")
+        self.add(target, f"changed in {self.fleet_path} (reload)")
+        self.supervisors = {n: self.supervisors[n] for n in self.fleet.targets
+                            if n in self.supervisors}
+
+    async def _replace(self, old: TargetSupervisor, new: TargetSupervisor) -> None:
+        def switch(sup: TargetSupervisor) -> None:
+            self.supervisors[sup.name] = sup  # the key stays where it was: file order
+
+        try:
+            if not await replace_beside(old, new, self.events, self._start, switch):
+                await self._in_place(old, new.target)
+        finally:  # cancelled (the daemon stops): whichever is no longer listed stops here
+            for sup in (new, old):
+                if self.supervisors.get(sup.name) is not sup:
+                    await sup.shutdown("the daemon stops")
 
     # --- resources, for the monitor ---
 

@@ -131,6 +131,15 @@ def _bind(host: str, port: int) -> int | None:
         return int(s.getsockname()[1])
 
 
+def port_beside(home: Backend) -> Backend:
+    """`home` where its configured port is free, else the same backend on a free port: the
+    first server of a target whose old definition still serves there (a reload)."""
+    host, port = home.target.host, home.target.port
+    if _bind(host, port) is not None:
+        return home
+    return home.at_port(_bind(host, 0) or 0)
+
+
 async def room_beside(owner: Owner) -> tuple[bool, str]:
     """Whether memory holds a second server of this target while the first runs."""
     placer, name = owner.placer, owner.name
