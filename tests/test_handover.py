@@ -170,3 +170,31 @@ def test_why_a_reload_restarts_a_changed_target_in_place():
         old, S.READY, moved, True, True)
     assert "proxy is off" in reload_in_place_reason(old, S.READY, new, True, proxied=False)
     assert "'process' launcher" in reload_in_place_reason(old, S.READY, new, False, True)
+
+
+def test_a_new_supervisor_not_started_yet_is_not_taken_for_one_that_failed():
+    from supervisor.daemon.replacing import until_serving
+
+    class Sup:  # before its task first runs: stopped, then it starts and becomes ready
+        def __init__(self) -> None:
+            from supervisor.supervision.states import StateChanges
+            self.state, self.changes, self.last_event = S.STOPPED, StateChanges(), None
+
+    async def scenario() -> tuple[str | None, str | None]:
+        sup = Sup()
+        waiting = asyncio.create_task(until_serving(sup, 5.0))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        for state in (S.STARTING, S.LOADING, S.READY):
+            sup.state = state
+            sup.changes.wake()
+        ready = await waiting
+        failing = Sup()
+        waiting = asyncio.create_task(until_serving(failing, 5.0))
+        await asyncio.sleep(0.01)
+        failing.state = S.BACKOFF
+        failing.changes.wake()
+        return ready, await waiting
+
+    ready, failed = asyncio.run(scenario())
+    assert ready is None and failed == "went backoff"

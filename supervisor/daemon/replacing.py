@@ -32,8 +32,9 @@ from supervisor.supervision.handover import in_place_reason, port_beside, room_b
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.states import SERVING, State
 
-# States a new supervisor's first start ends in when it did not become ready.
-NOT_READY = frozenset({State.BACKOFF, State.FAILED, State.STOPPED})
+# States a new supervisor's first start ends in when it did not become ready (not
+# `stopped`: that is also where it is before its task first runs).
+NOT_READY = frozenset({State.BACKOFF, State.FAILED})
 # Beyond `health.start_timeout`: the preflight and exec before the load is timed.
 GRACE = 30.0
 
