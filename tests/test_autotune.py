@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from plugins.llamacpp.backend import LlamaCppBackend
@@ -154,3 +155,19 @@ def test_a_restart_in_place_waits_no_longer_than_its_cost_is_worth(tmp_path):
     assert tuner.observe(sample(51, 7.0, 510, 5.1, busy=3)) is None
     clock[0] = 80.5
     assert tuner.observe(sample(52, 7.0, 520, 5.2, busy=3)) is not None  # busy, applied anyway
+
+
+def test_a_setting_losing_where_its_workload_paid_is_a_drift_judged_without_the_old_numbers(
+        tmp_path):
+    tuner, events = make(tmp_path, variant="simple", cooldown=3600)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    paid = {"16": {"speedup": 1.3, "draft_fraction": 0.9, "mean_draft_size": 8.0,
+                   "accepted_per_draft": 6.0}}
+    tuner._remember(replace(tuner.memory, baseline_tps=100.0, measured=paid,
+                            last_change=time.time()))
+    tuner.observe(sample(1, 0.0, 10, 0.1))
+    reason = tuner.observe(sample(31, 0.2, 70, 3.1))  # 20 tok/s: 0.2x, in the cool-down
+    said = [r for kind, r, _ in events if kind == "tuning" and "change of workload" in r]
+    assert said and "x the baseline at length 8, where this workload measured up to 1.30x" in said[0]
+    assert reason is not None and "does not pay" in reason  # not a retune to the old 16
+    assert "16" not in tuner.memory.measured  # left with the workload it described

@@ -209,3 +209,19 @@ def test_a_busier_server_than_the_baseline_saw_is_not_taken_for_a_losing_setting
     seen = replace(memory, baseline_by_load={"1": 400.0, "8": 400.0})
     d = plan(seen, stats(drafts=10), SETTINGS, BOUNDS, 10.0, False, {"8": (400, 100.0)})
     assert d is not None and d.action == "disable"
+
+
+def test_a_setting_losing_where_its_workload_measured_speculation_paying_means_a_new_workload():
+    from supervisor.tuning.decisions import contradicted
+
+    paid = {"11": {"speedup": 1.22, "draft_fraction": 0.9, "mean_draft_size": 11.0,
+                   "accepted_per_draft": 5.0}}
+    memory = TunerMemory("x", baseline_tps=400.0, measured=paid)  # window 100 tok/s: 0.25x
+    said = contradicted(memory, stats(drafts=10), {}, 20, 13)
+    assert said is not None and "0.25x the baseline at length 13" in said and "1.22x" in said
+    # Not where this workload never paid, nor for a mild loss, nor on too little evidence.
+    assert contradicted(replace(memory, measured={"11": {**paid["11"], "speedup": 0.9}}),
+                        stats(drafts=10), {}, 20, 13) is None
+    assert contradicted(replace(memory, baseline_tps=110.0), stats(), {}, 20, 13) is None
+    assert contradicted(memory, stats(drafts=4), {}, 20, 13) is None
+    assert contradicted(replace(memory, phase=OFF), stats(drafts=10), {}, 20, 13) is None

@@ -18,7 +18,7 @@ from typing import Any
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import LENGTHS_BY_LOAD, Backend, MetricsSample, RuntimeInfo
 from supervisor.tuning.by_load import judge_table, tabulate
-from supervisor.tuning.decisions import Action, Bounds, Decision, plan
+from supervisor.tuning.decisions import Action, Bounds, Decision, contradicted, plan
 from supervisor.tuning.drift import PageHinkley
 from supervisor.tuning.holding import Hold, hold, weigh
 from supervisor.tuning.load import LoadWindows
@@ -229,6 +229,11 @@ class AutoTuner:
         if self.lengths_by_load and self.memory.phase == SPECULATING:
             return judge_table(self.memory, stats.drafts, settings, now, self._drifted, load)
         bounds = self.bounds()
+        said = contradicted(self.memory, stats, load, settings.min_steps, bounds.current)
+        if said is not None and not self._drifted:  # a drift the throughput shows first
+            self.emit("tuning", said, drifted="throughput", window=stats.to_dict())
+            self._drifted = True
+            self._leave_regime(now)
         if self._drifted and stats.drafts >= settings.min_steps:
             self._recall_regime(setting_key(self.variant, bounds.current), stats)
         decision = plan(self.memory, stats, settings, bounds, now, self._drifted, load)

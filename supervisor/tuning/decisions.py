@@ -148,6 +148,23 @@ def quick_speedup(memory: TunerMemory, stats: WindowStats, load: Summary) -> flo
     return 1.0 if load else stats.tokens_per_second / memory.baseline_tps
 
 
+def contradicted(memory: TunerMemory, stats: WindowStats, load: Summary, min_steps: int,
+                 current: int) -> str | None:
+    """Why the window says the workload changed before the drift detector does: the setting
+    loses (under LOSING) where this regime measured speculation paying. Those measurements
+    describe another workload, and a choice made from them goes wrong (run 14 of
+    tuner_phases, entering prose: n-max 13 at 0.17x, retuned to 11 predicted 1.14x from an
+    11 measured on code)."""
+    if memory.phase != SPECULATING or not memory.measured or stats.drafts < max(1, min_steps // 4):
+        return None
+    quick = quick_speedup(memory, stats, load)
+    best = max(float(m["speedup"]) for m in memory.measured.values())
+    if quick >= LOSING or best < 1.0:
+        return None
+    return (f"throughput fell to {quick:.2f}x the baseline at length {current}, where this "
+            f"workload measured up to {best:.2f}x: taken as a change of workload")
+
+
 def reprobe_wait(memory: TunerMemory, settings: Tuning) -> float:
     """Seconds off before the next re-probe: `reprobe`, doubled for each re-probe in a row
     that found speculation still not paying."""
