@@ -185,9 +185,11 @@ def main() -> int:
     finally:
         daemon.stop()
     first = tuned[0]["started"]
-    made = [{"after_s": round(e["time"] - first), "action": e["data"].get("action"),
-             "old": e["data"].get("old_length"), "new": e["data"].get("new_length"),
-             "reason": e.get("reason")} for e in decisions]
+    made = [{"after_s": round(e["time"] - first), "action": (e.get("data") or {}).get("action"),
+             "old": (e.get("data") or {}).get("old_length"),
+             "new": (e.get("data") or {}).get("new_length"), "reason": e.get("reason")}
+            for e in decisions]
+    acted = [d for d in made if d["action"]]
     final = [r for r in tuned if r["cycle"] >= args.tuned_cycles - args.final]
     off_levels = by_level(before + after)
     result = {
@@ -198,7 +200,7 @@ def main() -> int:
         "off": {"before": by_level(before), "after": by_level(after), "both": off_levels},
         "tuned_final": by_level(final), "tuned_cycles": by_level(tuned),
         "failed": sum(r["failed"] for r in before + tuned + after),
-        "first_decision_after_s": made[0]["after_s"] if made else None,
+        "first_decision_after_s": acted[0]["after_s"] if acted else None,
         "decisions": made, "waiting_for_at_end": waiting, "phases": before + tuned + after}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(report(result)))
