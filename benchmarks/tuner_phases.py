@@ -18,11 +18,8 @@ every target in turn (the order rotating each round) before request i+1. Measure
 after another, the same setting on the same prompts differed by up to 40 % between rows
 minutes apart on this 2-core machine (run 5: ngram-mod n-max 64 at 73.5 and at 102
 tokens/s), more than the differences the benchmark is about; interleaved, every strategy
-sees the same machine at the same moments. No two requests of a target send the same text
-(`Workload.prompt`: the code prompts' identifiers renamed for each request; runs 1-13 cycled
-three prompts per workload), so that ngram-mod's pool cannot draft an answer it saw. The
-`defaults` and `fixed-64` targets run the same flags (n-max 64, n-min 48): their ratio is
-the noise of the run, printed.
+sees the same machine at the same moments. Every request is a new text (Workload.prompt;
+runs 1-13 cycled three). `defaults` and `fixed-64` run the same flags: their ratio is noise.
 
 Requests go through specfleet's proxy (the path a router uses): a restart for a retune or
 a reload drains the request in flight, and requests wait while a target restarts. Each
