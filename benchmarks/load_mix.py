@@ -32,7 +32,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load_phases as lp
 from phase_measure import counters, wait_for_quiet
-from serverproc import http, run_clients
+from serverproc import http, run_clients, stop_daemon
 
 from plugins.llamacpp import provision
 from supervisor.bench.workloads import BUILT_IN
@@ -208,11 +207,7 @@ class Daemon:
         return time.time() - float(events[-1]["time"]) if events else float("inf")
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_daemon(self.proc, 60)
         self.err.close()
 
 

@@ -125,3 +125,13 @@ def run_clients(client: Callable[[int], None], clients: int) -> float:
     for t in threads:
         t.join()
     return time.monotonic() - started
+
+
+def stop_daemon(proc: subprocess.Popen, wait: float) -> None:
+    """SIGTERM a `specfleet run` started in a session of its own; its whole group killed
+    if it has not stopped within `wait` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -33,7 +33,6 @@ import datetime
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,7 +52,7 @@ from supervisor.plugin import example_model_path  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from phase_measure import CLIENTS, wait_for_quiet  # noqa: E402
-from serverproc import free_port, http, run_clients  # noqa: E402
+from serverproc import free_port, http, run_clients, stop_daemon  # noqa: E402
 
 LEVELS = (1, CLIENTS)
 SERVER_ARGS = ["--parallel", str(CLIENTS), "--ctx-size", "8192", "--threads", "2"]
@@ -106,11 +105,7 @@ class Daemon:
         return [e for e in events if e.get("kind") == "tuning" and e.get("target") == "tuned"]
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_daemon(self.proc, 90)
         self.err.close()
 
 

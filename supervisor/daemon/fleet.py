@@ -187,8 +187,7 @@ class FleetSupervisors:
                                         f"retrying after a reload of {self.fleet_path}")
         if self.after_apply is not None:
             await self.after_apply(new)
-        # Keep file order for status and for the stop order.
-        self.supervisors = {n: self.supervisors[n] for n in new_targets if n in self.supervisors}
+        self._in_file_order()
 
     async def _change(self, old: TargetSupervisor, target: Target) -> None:
         """A changed target: its new server beside the old one where it may, else in place."""
@@ -212,6 +211,10 @@ class FleetSupervisors:
             del self.supervisors[old.name]
         await old.shutdown("changed in the fleet file")
         self.add(target, f"changed in {self.fleet_path} (reload)")
+        self._in_file_order()
+
+    def _in_file_order(self) -> None:
+        """Keep file order for status and for the stop order."""
         self.supervisors = {n: self.supervisors[n] for n in self.fleet.targets
                             if n in self.supervisors}
 
