@@ -56,10 +56,10 @@ def test_no_judgement_by_load_when_the_baseline_saw_too_little_of_the_mix():
 
 def test_a_bucket_needs_a_share_of_min_tokens_to_count_as_evidence():
     windows = LoadWindows()
-    windows.add(Delta(1.0, 10, 40, 30, (10, 8, 7, 5), 300, 3.0), running=1)
     windows.busy(1.0, 1, 3.0)
-    windows.add(Delta(2.0, 2, 8, 4, (2, 1, 1, 0), 40, 1.0), running=8)
+    windows.add(Delta(1.0, 10, 40, 30, (10, 8, 7, 5), 300, 3.0), running=1)
     windows.busy(2.0, 8, 1.0)
+    windows.add(Delta(2.0, 2, 8, 4, (2, 1, 1, 0), 40, 1.0), running=8)
     assert set(summary(windows.stats(), 1000)) == {"1"}  # 40 tokens < a tenth of 1000
     assert summary(windows.stats(), 1000)["1"] == (300, pytest.approx(100.0))
     assert set(summary(windows.stats(), 400)) == {"1", "8+"}

@@ -51,9 +51,29 @@ def test_windows_keep_evidence_busy_time_and_throughput_apart_per_bucket():
     assert view["1"]["time_share"] == pytest.approx(4 / 6, abs=1e-4)
     assert view["4-7"]["busy_seconds"] == 2.0
     w.busy(200, 1, 1.0)  # long after: the old busy time has aged out
+    w.add(delta(200, 50), 1)
     assert w.stats()["1"].busy_seconds == 1.0
     w.clear()
     assert w.stats() == {}
+
+
+def test_busy_time_is_booked_with_the_tokens_it_produced():
+    # One request ended (its tokens counted), the next has run 3 s with nothing counted yet:
+    # those 3 s belong to tokens still to come, not to the finished request's.
+    w = LoadWindows()
+    w.busy(2, 1, 2.0)
+    w.add(delta(2, 100), 1)
+    for t in (3, 4, 5):
+        w.busy(t, 1, 1.0)
+    assert w.stats()["1"].throughput == 50
+    w.add(Delta(time=5, drafts=0, draft_tokens=0, accepted=0, per_position=(), tokens=0,
+                seconds=0), 1)  # counters that moved without tokens book nothing
+    assert w.stats()["1"].busy_seconds == 2.0
+    w.add(delta(6, 50), 1)
+    assert w.stats()["1"].busy_seconds == 5.0 and w.stats()["1"].throughput == 30
+    w.clear()
+    w.add(delta(7, 10), 1)
+    assert w.stats()["1"].busy_seconds == 0  # cleared: nothing left to book
 
 
 def test_idle_intervals_count_no_busy_time():

@@ -15,6 +15,7 @@ from supervisor.plugin.backend import MetricsSample
 from supervisor.supervision.probes import QuietRuntime
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.tuning.autotuner import AutoTuner
+from supervisor.tuning.window import Delta
 
 
 @pytest.fixture
@@ -75,8 +76,11 @@ def test_a_quiet_interval_is_filed_at_the_load_the_last_read_saw_then_as_idle():
     tuner.observe(MetricsSample(drafts=5, draft_tokens=20, accepted_tokens=10,
                                 tokens_predicted=40, tokens_predicted_seconds=1.0,
                                 requests_processing=2))
-    start = tuner._last_scrape[0]
-    tuner.quiet(start + 5)  # the two requests ended some time in these 5 s
-    tuner.quiet(start + 65)  # a minute of nothing: no busy time at any load
+    start = tuner.by_load.last_read[0]
+    tuner.by_load.quiet(start + 5)  # the two requests ended some time in these 5 s
+    tuner.by_load.quiet(start + 65)  # a minute of nothing: no busy time at any load
+    # Busy time is booked with the tokens it produced (tuning/load.py): the next ones.
+    tuner.by_load.add(Delta(time=start + 66, drafts=1, draft_tokens=4, accepted=2,
+                            per_position=(1, 1), tokens=30, seconds=0.5), 2)
     busy = {label: s.busy_seconds for label, s in tuner.by_load.stats().items()}
     assert busy == {"2-3": 5.0}

@@ -42,9 +42,10 @@ class ServedTarget(Protocol):
     def unavailable_reason(self) -> str | None:
         """Why it will not serve until someone acts; None while it serves or is coming back."""
 
-    def relaying(self) -> AbstractAsyncContextManager[str]:
+    def relaying(self, sampling: str | None = None) -> AbstractAsyncContextManager[str]:
         """Entered around each proxied request: the target counts and drains them; gives the
-        address to send the request to (it changes when a new server takes over)."""
+        address to send the request to (it changes when a new server takes over).
+        `sampling`: the request's class by its temperature (tuning/sampling.py)."""
 
     def observe_timings(self, timings: dict[str, Any]) -> None: ...
 

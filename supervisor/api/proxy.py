@@ -22,6 +22,7 @@ from aiohttp import web
 from supervisor.api.auth import auth_middleware
 from supervisor.api.common import errors_as_json, json_error, named_target, serve
 from supervisor.api.fleetview import FleetView, ServedTarget
+from supervisor.tuning.sampling import sampling_class
 
 # Hop-by-hop and length headers are the proxy's own business, not passed through.
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
@@ -86,7 +87,7 @@ class Proxy:
             if not await target.wait_serving(deadline - time.monotonic()):
                 return self._failed(target, began, stream, 503, self._unavailable(target))
             try:
-                async with target.relaying() as base_url:
+                async with target.relaying(sampling_class(body)) as base_url:
                     response, final = await self._relay(request, target, raw, base_url)
                 self.fleet.record_request(target.name, response.status, began,
                                           time.time() - began, stream, final)

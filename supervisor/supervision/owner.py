@@ -289,7 +289,7 @@ class TargetSupervisor:
             health.run(lambda: time.time() - (self.started_at or time.time())))
         metrics_task = asyncio.create_task(poll_metrics(
             self.target.health, lambda: self.backend.read_metrics(self.http), lambda: self.serving,
-            self._on_sample, QuietRuntime(local_pid(proc), self.requests.mark, self.tuner.quiet)))
+            self._on_sample, QuietRuntime(local_pid(proc), self.requests.mark, self.tuner.by_load.quiet)))
         command_task = asyncio.create_task(self._command_while_serving())
         try:
             done, _ = await asyncio.wait({exit_task, command_task, health_task},
@@ -342,8 +342,8 @@ class TargetSupervisor:
     def _on_sample(self, sample: MetricsSample) -> None:
         self.metrics = sample
         try:
-            if reason := self.tuner.observe(sample, self.requests.take_peak(),
-                                            self.requests.take_busy()):
+            r = self.requests
+            if reason := self.tuner.observe(sample, r.take_peak(), r.take_busy(), r.take_sampling()):
                 self.send(Command.RETUNE, reason)
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")

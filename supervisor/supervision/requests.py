@@ -14,6 +14,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from supervisor.tuning.sampling import GREEDY, SAMPLED
+
 
 class ProxyRequests:
     def __init__(self) -> None:
@@ -35,14 +37,19 @@ class ProxyRequests:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.last_used: float | None = None  # wall clock of the last request's start or end
+        # Requests started since take_sampling(), by sampling class (tuning/sampling.py).
+        self._sampling = {GREEDY: 0, SAMPLED: 0}
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
     @contextlib.asynccontextmanager
-    async def relaying(self) -> AsyncIterator[int]:
-        """Around one request being relayed to the runtime; gives the route it is on."""
+    async def relaying(self, sampling: str | None = None) -> AsyncIterator[int]:
+        """Around one request being relayed to the runtime; gives the route it is on.
+        `sampling`: the request's class (tuning/sampling.sampling_class), if known."""
+        if sampling in self._sampling:
+            self._sampling[sampling] += 1
         self._accrue()
         self._in_flight += 1
         self._peak = max(self._peak, self._in_flight)
@@ -102,6 +109,12 @@ class ProxyRequests:
         self._accrue()
         busy, self._busy = self._busy, {}
         return busy
+
+    def take_sampling(self) -> tuple[int, int]:
+        """(greedy, sampled) requests started since the previous call."""
+        taken = (self._sampling[GREEDY], self._sampling[SAMPLED])
+        self._sampling = {GREEDY: 0, SAMPLED: 0}
+        return taken
 
     def _accrue(self) -> None:
         """Book the time since the last change to the current number in flight."""

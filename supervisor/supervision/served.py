@@ -69,13 +69,14 @@ class Served:
         return self._owner.backend.auth_headers()
 
     @contextlib.asynccontextmanager
-    async def relaying(self) -> AsyncIterator[str]:
+    async def relaying(self, sampling: str | None = None) -> AsyncIterator[str]:
         """Around one proxied request; gives the address to send it to. The address and the
         request's route are read together, with no await between them, so a switch to a
         server started beside the old one (handover.py) cannot fall in between: a request
-        counted on the old route went to the old server."""
+        counted on the old route went to the old server. `sampling`: the request's class
+        (tuning/sampling.py), counted for the tuner."""
         base_url = self.base_url
-        async with self._owner.requests.relaying():
+        async with self._owner.requests.relaying(sampling):
             yield base_url
 
     def observe_timings(self, timings: dict[str, Any]) -> None:

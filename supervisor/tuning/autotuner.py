@@ -24,7 +24,8 @@ from supervisor.tuning.holding import Hold, hold, weigh
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
 from supervisor.tuning.numbers import rounded
-from supervisor.tuning.regimes import recall, remember, setting_key
+from supervisor.tuning.regimes import recall, recall_sampled, remember, setting_key
+from supervisor.tuning.sampling import SamplingWatch
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore, fingerprint, runtime_key
 from supervisor.tuning.variants import allowed_variants, search
 from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
@@ -45,11 +46,11 @@ class AutoTuner:
         self.clock = clock
         self.window = AcceptanceWindow(max_steps=target.tuning.window_steps)
         self.by_load = LoadWindows(max_steps=target.tuning.window_steps)
-        self._last_scrape: tuple[float, int] | None = None  # (time, requests running)
         self.drift = PageHinkley(threshold=target.tuning.drift_threshold)
         # A workload where n-gram methods find no match drafts on few steps: its acceptance
         # may hardly move (few drafts, judged as before), its throughput falls to "off".
         self.drafting_drift = PageHinkley(threshold=target.tuning.drift_threshold)
+        self.sampling = SamplingWatch()  # the requests' temperature (tuning/sampling.py)
         self.variants_allowed = allowed_variants(
             target.speculation.variants, target.speculation.variant, backend.ngram_variants())
         key = fingerprint(target)
@@ -128,7 +129,7 @@ class AutoTuner:
     def runtime_started(self, info: RuntimeInfo) -> None:
         """A server (re)started: check which model file and runtime build the baseline
         belongs to, and whether its drafter starts cold."""
-        self._last_scrape = None  # the time it was down is no load
+        self.by_load.last_read = None  # the time it was down is no load
         self.features = info.features
         if self.active:
             self._check_runtime(info)
@@ -153,32 +154,31 @@ class AutoTuner:
                                cost_split=None))
 
     def observe(self, sample: MetricsSample, proxy_peak: int = 0,
-                proxy_busy: Mapping[int, float] | None = None) -> str | None:
+                proxy_busy: Mapping[int, float] | None = None,
+                proxy_sampling: tuple[int, int] = (0, 0)) -> str | None:
         """Add a metrics sample (`proxy_peak`: the most requests the proxy had in flight to
         this target since the previous sample; `proxy_busy`: the seconds it had 1, 2, ...
-        in flight meanwhile, by number); returns the reason for a restart when one is due
+        in flight meanwhile, by number; `proxy_sampling`: the greedy and the sampled
+        requests it started meanwhile); returns the reason for a restart when one is due
         now."""
         now = time.time()
         if self._workload_since is None:
             self._workload_since = now
         delta = self.window.observe(sample, now)
-        self._file_by_load(sample, delta, proxy_peak, proxy_busy or {}, now)
+        self.by_load.read(now, sample.requests_processing, delta, proxy_peak, proxy_busy or {})
         if not self.active:
             return None
+        sampled = self.sampling.observe(*proxy_sampling)
         if self._cold_tokens > 0:
             self._warm_up(delta)
-        elif delta is not None and self.speculation_on and (drifted := self._drift(delta)):
-            self._drifted = True
-            what, direction = drifted
-            self.emit("tuning", f"{what} drifted {direction} (Page-Hinkley): "
-                      "re-evaluating on new evidence", direction=direction, drifted=what,
-                      acceptance_rate=rounded(delta.acceptance_rate),
-                      draft_fraction=rounded(delta.draft_fraction),
-                      window=self.window.stats().to_dict())
-            self.window.clear()
-            self.by_load.clear()
-            self._reset_drift()
-            self._leave_regime(now)
+        elif (delta is not None and self.speculation_on and not sampled
+              and (drifted := self._drift(delta))):
+            self._workload_changed(now, *drifted, None, acceptance_rate=rounded(
+                delta.acceptance_rate), draft_fraction=rounded(delta.draft_fraction))
+        if sampled:  # seen in the requests themselves, with speculation on or off
+            self._workload_changed(now, "the share of greedy requests", sampled,
+                                   self.sampling.left_share, **self.sampling.view())
+            self._recall_sampled()
         if self._pending is None and self._cold_tokens <= 0:
             decision = self._decide(now)
             if decision is not None and decision.action == Action.KEEP:
@@ -200,6 +200,15 @@ class AutoTuner:
                     gain if isinstance(gain, int | float) else None, settings.min_gain,
                     self.restart_is_free())
 
+    def _workload_changed(self, now: float, what: str, direction: str, left_share: float | None,
+                          **data: Any) -> None:
+        self._drifted = True
+        self.emit("tuning", f"{what} drifted {direction} (Page-Hinkley): re-evaluating on new "
+                  "evidence", direction=direction, drifted=what,
+                  window=self.window.stats().to_dict(), **data)
+        self._fresh_evidence()
+        self._leave_regime(now, left_share)
+
     def _drift(self, delta: Delta) -> tuple[str, str] | None:
         """(what drifted, "up" or "down") when the acceptance or the share of steps that
         carry a draft changed for good; both detectors see every delta."""
@@ -211,7 +220,10 @@ class AutoTuner:
             found.append(("the share of steps with a draft", d))
         return found[0] if found else None
 
-    def _reset_drift(self) -> None:
+    def _fresh_evidence(self) -> None:
+        """After a change of setting or of workload: the windows and detectors start over."""
+        self.window.clear()
+        self.by_load.clear()
         self.drift.reset()
         self.drafting_drift.reset()
 
@@ -255,63 +267,49 @@ class AutoTuner:
         return weigh(decision, self.memory, self.bounds().current, self.restart_seconds,
                      self.restart_is_free(), warm, lasted)
 
-    def _leave_regime(self, now: float) -> None:
+    def _leave_regime(self, now: float, greedy_share: float | None = None) -> None:
         """At a drift: the speedups measured before it describe a workload that is gone;
-        they are kept with the acceptance last judged, for its return (tuning/regimes.py)."""
+        they are kept with the acceptance last judged and the share of greedy requests
+        (`greedy_share`, else the current one), for its return (tuning/regimes.py)."""
         self._workload_since = now  # a new workload starts
         m = self.memory
-        regimes = remember(m.regimes, self._seen, self.variant, m.measured, m.variants, now)
+        share = greedy_share if greedy_share is not None else self.sampling.share
+        regimes = remember(m.regimes, self._seen, self.variant, m.measured, m.variants, now,
+                           share)
         self._seen = {}
         self._remember(replace(m, measured={}, variants={}, regimes=regimes))
 
     def _recall_regime(self, setting: str, stats: WindowStats) -> None:
-        """After a drift, once there is evidence: if the acceptance at this setting is a
-        kept regime's, its measurements come back and the search resumes from them."""
+        """After a drift, once there is evidence: a kept regime with this acceptance here."""
         m = self.memory
         if m.measured or m.variants or stats.acceptance_rate is None:
             return
-        regime = recall(m.regimes, setting, stats.acceptance_rate)
-        if regime is None:
+        if (regime := recall(m.regimes, setting, stats.acceptance_rate)) is not None:
+            self._resume(regime, f"acceptance {stats.acceptance_rate:.2f} at {setting} matches"
+                         f" a workload seen before ({regime['acceptance'][setting]:.2f})",
+                         setting=setting, acceptance_rate=round(stats.acceptance_rate, 4),
+                         regime_acceptance=regime["acceptance"][setting])
+
+    def _recall_sampled(self) -> None:
+        """At a change of the requests' sampling: a kept regime with the new share of greedy
+        requests, at once (speculation may be off)."""
+        share, m = self.sampling.share, self.memory
+        if share is None or m.measured or m.variants:
             return
+        if (regime := recall_sampled(m.regimes, share)) is not None:
+            self._resume(regime, f"{share:.0%} of the latest requests greedy, as in a workload "
+                         f"seen before ({regime['greedy_share']:.0%})", **self.sampling.view())
+
+    def _resume(self, regime: Mapping[str, Any], said: str, **data: Any) -> None:
         # Speedups by length are the variant's that ran when the regime was left.
         measured = dict(regime["measured"]) if regime.get("variant") == self.variant else {}
         variants = dict(regime["variants"])
         if not (measured or variants):
             return
-        self._remember(replace(m, measured=measured, variants=variants))
-        self.emit("tuning", f"acceptance {stats.acceptance_rate:.2f} at {setting} matches a "
-                  f"workload seen before ({regime['acceptance'][setting]:.2f}): resuming from "
-                  "what was measured in it", action="recall", setting=setting,
-                  acceptance_rate=round(stats.acceptance_rate, 4),
-                  regime_acceptance=regime["acceptance"][setting],
+        self._remember(replace(self.memory, measured=measured, variants=variants))
+        self.emit("tuning", f"{said}: resuming from what was measured in it", action="recall",
                   measured={k: round(v["speedup"], 3) for k, v in measured.items()},
-                  variants=variants)
-
-    def _file_by_load(self, sample: MetricsSample, delta: Delta | None, proxy_peak: int,
-                      proxy_busy: Mapping[int, float], now: float) -> None:
-        last_time, last_running = self._last_scrape or (now, 0)
-        running = max(last_running, sample.requests_processing, proxy_peak)
-        busy = now - last_time
-        if proxy_busy and max(last_running, sample.requests_processing) <= proxy_peak:
-            # The proxy saw every request the runtime's gauges show: its clock is exact,
-            # where a request seen running at one read books the whole interval either
-            # side (a 1 s request between reads 1 s apart counted 2 s: sparse traffic, and
-            # short fast requests most, looked up to half as fast as it was). Booked under
-            # the interval's load like its tokens, so a bucket's throughput stays tokens
-            # and time of the same intervals.
-            busy = min(busy, sum(proxy_busy.values()))
-        self.by_load.busy(now, running, busy)
-        if delta is not None:
-            self.by_load.add(delta, running)
-        self._last_scrape = (now, sample.requests_processing)
-
-    def quiet(self, now: float) -> None:
-        """A metrics read skipped because the runtime did nothing (supervision/probes.py): the
-        interval since the last read is filed as the previous read saw it, and the next
-        starts idle, as a read showing no request running would have."""
-        last_time, last_running = self._last_scrape or (now, 0)
-        self.by_load.busy(now, last_running, now - last_time)
-        self._last_scrape = (now, 0)
+                  variants=variants, **data)
 
     def apply_pending(self) -> None:
         """Make the pending decision the current setting (the caller restarts the server)."""
@@ -325,9 +323,7 @@ class AutoTuner:
             **decision.data, "action": decision.action, "old_length": old,
             "new_length": self.draft_length, "speculation": self.speculation_on,
             "waited_s": round(self.clock() - self._pending_since, 1)})
-        self.window.clear()
-        self.by_load.clear()
-        self._reset_drift()
+        self._fresh_evidence()
         self._drifted, self._pending, self._pending_sent = False, None, False
 
     def view(self, stats: WindowStats | None = None) -> dict[str, Any]:

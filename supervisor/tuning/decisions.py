@@ -98,14 +98,7 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
             return None
         return _baseline_done(memory, stats, settings, bounds, now, load)
     if memory.phase == OFF:
-        wait = reprobe_wait(memory, settings)
-        if memory.last_change is not None and now - memory.last_change < wait:
-            return None
-        probe = probe_length(bounds)
-        return Decision(Action.ENABLE, replace(memory, phase=SPECULATING, last_change=now,
-                                               length=probe if bounds.tunable else memory.length),
-                        f"re-probing speculation at length {probe} after {wait:g}s off",
-                        {"length": probe, "waited_off_s": wait})
+        return _reprobe(memory, settings, bounds, now, drift)
     if memory.baseline_tps is None:
         # Wait for enough speculative evidence too, so that it can be judged the moment the
         # baseline is known; a target that hardly ever drafts gets its baseline anyway.
@@ -134,6 +127,34 @@ def probe_length(bounds: Bounds) -> int:
     if not bounds.tunable:
         return bounds.current
     return max(bounds.low, min(PROBE_LENGTH, bounds.high))
+
+
+def _reprobe(memory: TunerMemory, settings: Tuning, bounds: Bounds, now: float,
+             drift: bool) -> Decision | None:
+    """Speculation back on after `reprobe_wait` off, at a short draft. At once where the
+    workload changed while off (`drift`: the requests' sampling, tuning/sampling.py), and
+    then at the best length measured in it if it is one seen before (its measurements were
+    recalled): a re-probe doubled in prose must not leave the next code phase off."""
+    wait = reprobe_wait(memory, settings)
+    if not drift and memory.last_change is not None and now - memory.last_change < wait:
+        return None
+    on = replace(memory, phase=SPECULATING, last_change=now,
+                 disables=0 if drift else memory.disables)  # a new workload: no back-off
+    paying = {int(k): float(m["speedup"]) for k, m in memory.measured.items()
+              if float(m["speedup"]) >= 1.0 + settings.off_margin
+              and (bounds.low <= int(k) <= bounds.high or not bounds.tunable)}
+    if drift and paying:
+        best = max(paying, key=lambda k: (paying[k], -k))
+        length = best if bounds.tunable else memory.length
+        return Decision(Action.ENABLE, replace(on, length=length),
+                        f"the workload changed to one seen before: speculation back on at "
+                        f"length {best}, measured at {paying[best]:.2f}x in it",
+                        {"length": best, "recalled": True})
+    probe = probe_length(bounds)
+    said = "now: the workload changed" if drift else f"after {wait:g}s off"
+    return Decision(Action.ENABLE, replace(on, length=probe if bounds.tunable else memory.length),
+                    f"re-probing speculation at length {probe} {said}",
+                    {"length": probe, "waited_off_s": None if drift else wait})
 
 
 def quick_speedup(memory: TunerMemory, stats: WindowStats, load: Summary) -> float:

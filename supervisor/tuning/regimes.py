@@ -10,6 +10,11 @@ later drift, the acceptance at the setting running then is within `TOLERANCE` of
 regime's at that same setting, the regime's measurements come back and the search resumes
 from them instead of from nothing: straight to the regime's best setting, or it stays.
 
+A regime also keeps the share of greedy requests it had (tuning/sampling.py). When that
+share changes for good, the workload changed before a single token shows it, even with
+speculation off; a kept regime whose share is within `SHARE_TOLERANCE` of the new one (the
+closest, the most recently seen on a tie) is recalled at once.
+
 Acceptance is compared only at the same setting (variant and length): it depends on the
 setting as much as on the text. A regime that matches a kept one at a setting both saw is
 the same regime (the newer replaces the older); at most `LIMIT` are kept, the least
@@ -25,6 +30,10 @@ from typing import Any
 # step to fire quickly; regimes closer than 8 points are not told apart.
 TOLERANCE = 0.08
 LIMIT = 4
+# Shares of greedy requests closer than this are the same sampling: an all-greedy workload
+# and an all-sampled one are 1.0 apart, and the share is estimated from a few requests
+# right after the change (5: the detector's least evidence).
+SHARE_TOLERANCE = 0.2
 
 # acceptance {setting: rate}, variant, measured, variants, seen (JSON-ready)
 Regime = Mapping[str, Any]
@@ -37,17 +46,19 @@ def setting_key(variant: str | None, length: int | None) -> str:
 
 def remember(regimes: Sequence[Regime], acceptance: Mapping[str, float], variant: str | None,
              measured: Mapping[str, Any], variants: Mapping[str, Any],
-             now: float) -> list[dict[str, Any]]:
+             now: float, greedy_share: float | None = None) -> list[dict[str, Any]]:
     """The kept regimes with this one added (kept ones it matches are replaced); nothing is
     added when nothing was judged or measured in it. `measured`: speedups by length of
-    `variant`, the one running at the drift; `variants`: results by variant."""
+    `variant`, the one running at the drift; `variants`: results by variant;
+    `greedy_share`: of its requests that came through the proxy with a temperature."""
     if not acceptance or not (measured or variants):
         return [dict(r) for r in regimes]
     kept = [dict(r) for r in regimes
             if not any(_matches(r, k, rate) for k, rate in acceptance.items())]
     kept.append({"acceptance": {k: round(v, 4) for k, v in acceptance.items()},
                  "variant": variant, "measured": dict(measured), "variants": dict(variants),
-                 "seen": now})
+                 "seen": now, "greedy_share": None if greedy_share is None
+                 else round(greedy_share, 4)})
     kept.sort(key=lambda r: r["seen"])
     return kept[-LIMIT:]
 
@@ -56,6 +67,18 @@ def recall(regimes: Sequence[Regime], setting: str, acceptance: float) -> Regime
     """The kept regime this acceptance at this setting matches (the closest), if any."""
     matches = [r for r in regimes if _matches(r, setting, acceptance)]
     return min(matches, key=lambda r: abs(r["acceptance"][setting] - acceptance), default=None)
+
+
+def recall_sampled(regimes: Sequence[Regime], greedy_share: float) -> Regime | None:
+    """The kept regime whose share of greedy requests this one matches (the closest, the
+    most recently seen on a tie), if any."""
+    shares = {i: float(r["greedy_share"]) for i, r in enumerate(regimes)
+              if isinstance(r.get("greedy_share"), int | float)
+              and abs(float(r["greedy_share"]) - greedy_share) <= SHARE_TOLERANCE}
+    if not shares:
+        return None
+    best = min(shares, key=lambda i: (abs(shares[i] - greedy_share), -float(regimes[i]["seen"])))
+    return regimes[best]
 
 
 def _matches(regime: Regime, setting: str, acceptance: float) -> bool:
