@@ -5,11 +5,9 @@ code) is served under several strategies, all in one `specfleet run` daemon on t
 llama-server with the gemma-3-270m model, one target per strategy:
 
   defaults   the runtime's own defaults for the method (no length flag)
-  rule       the operators' rule of thumb: start at 16, double while acceptance (per
-             chunk of 8 requests) is above 70 %, halve below 40 %; each change is a
-             fleet-file edit and a SIGHUP, as an operator's script would do it
-  tuned      specfleet's tuner (tuning enabled); in the ngram-mod case with the variant
-             search on (`variants: [mod, simple]`)
+  rule       an operator's script: start at 16, double while acceptance (per chunk of 8
+             requests) is above 70 %, halve below 40 %, by fleet-file edit and SIGHUP
+  tuned      specfleet's tuner; in the ngram-mod case with `variants: [mod, simple]`
   fixed-X    one fixed setting each, the sweep: ngram-mod lengths, ngram-simple size-m 16
              and 48, speculation off. The best of them per phase is the oracle.
 
@@ -19,7 +17,7 @@ after another, the same setting on the same prompts differed by up to 40 % betwe
 minutes apart on this 2-core machine (run 5: ngram-mod n-max 64 at 73.5 and at 102
 tokens/s), more than the differences the benchmark is about; interleaved, every strategy
 sees the same machine at the same moments. Every request is a new text (Workload.prompt;
-runs 1-13 cycled three). `defaults` and `fixed-64` run the same flags: their ratio is noise.
+runs 1-13 cycled three). `defaults` and `fixed-64`, the same flags, show the noise.
 
 Requests go through specfleet's proxy (the path a router uses): a restart for a retune or
 a reload drains the request in flight, and requests wait while a target restarts. Each
@@ -35,12 +33,11 @@ Every target gets the same warm-up on the first phase's workload, reported apart
 counted in the phases, until the tuner has measured its baseline (once per model and
 runtime in a target's life) and, with the variant search, measured every variant (once
 per workload: a workload that comes back after a drift recalls it, tuning/regimes.py), at
-most 96 requests; the rule adjusts during it too. A second case runs a target whose draft is the same GGUF as the
-target (speculation can only hurt) and compares against speculation off.
+most 96 requests; the rule adjusts during it too. Cases: ngram-mod, self-draft (the draft
+is the target's own GGUF: speculation can only hurt), pair (`specfleet setup --pair`).
 
-Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 32] [--max-tokens 96]
-     [--cases ngram-mod,self-draft]
-(about 40 minutes on 2 cores). Prints a table and writes benchmarks/results/.
+Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 32] [--max-tokens 96] [--cases
+ngram-mod,self-draft] [--without rule] (~40 min on 2 cores); writes benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -73,9 +70,8 @@ PHASES = ["code", "prose", "code"]
 # None: speculation off; (variant, length): another n-gram variant.
 # (n-max 8 was never the best in runs 1-6: left out, one target fewer to interleave.)
 SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 16, 32, 64, ("simple", 16), ("simple", 48)],
-                                "self-draft": [None, 2, 4, 16],
-                                # The guide's n-max 16 and llama.cpp's default 3 among them.
-                                "pair": [None, 2, 3, 4, 8, 16]}
+                                "self-draft": [None, 2, 4, 16],  # pair: the guide's 16, the
+                                "pair": [None, 2, 3, 4, 8, 16]}  # default 3 among them
 # What the tuner may search besides the length, per case.
 TUNED_EXTRA = {"ngram-mod": {"variants": ["mod", "simple"]}, "self-draft": {}, "pair": {}}
 # The daemon's time constants scaled to the benchmark's phases, in seconds of one target's
@@ -246,12 +242,14 @@ def warmed_up(fleet: Fleet, variants: list[str]) -> bool:
 
 
 def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phases: list[str],
-             sweep: list[Any], extra: dict[str, Any], n: int, max_tokens: int) -> dict[str, Any]:
+             sweep: list[Any], extra: dict[str, Any], n: int, max_tokens: int,
+             without: frozenset[str] = frozenset()) -> dict[str, Any]:
     fixed = {f"fixed-{setting_name(s)}": spec_with(spec, s) for s in sweep}
-    k = 3 + len(fixed)
-    tuning = {**BENCH_TUNING, "cooldown": f"{COOLDOWN_S * k}s", "reprobe": f"{REPROBE_S * k}s"}
     specs = {"defaults": spec, "rule": spec_with(spec, 16),
              "tuned": {**spec_with(spec, 16), **extra}, **fixed}
+    specs = {name: s for name, s in specs.items() if name not in without}
+    k = len(specs)
+    tuning = {**BENCH_TUNING, "cooldown": f"{COOLDOWN_S * k}s", "reprobe": f"{REPROBE_S * k}s"}
     targets = {name: {**base_target, "port": free_port(), "speculation": s,
                       **({"tuning": tuning} if name == "tuned" else {})}
                for name, s in specs.items()}
@@ -304,6 +302,8 @@ def main() -> int:
     ap.add_argument("--cases", default="ngram-mod,self-draft",
                     help="ngram-mod, self-draft, pair (the F32 target of `specfleet setup "
                     "--pair` drafted for by the Q4_K_M)")
+    ap.add_argument("--without", default="", help="strategies left out, e.g. rule (on the "
+                    "pair its in-place restarts take a quarter of the run's time)")
     ap.add_argument("--out", default="tuner_phases.json")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
@@ -335,7 +335,8 @@ def main() -> int:
             base = {**base_target, "model": str(pair_paths()["target"])} if case == "pair" \
                 else base_target
             out["cases"][case] = run_case(Path(tmp) / case, base, spec, phases,
-                                          SWEEPS[case], TUNED_EXTRA[case], n, mt)
+                                          SWEEPS[case], TUNED_EXTRA[case], n, mt,
+                                          frozenset(filter(None, args.without.split(","))))
             out["cases"][case]["phases"] = phases
             print(report({"cases": {case: out["cases"][case]}}), file=sys.stderr, flush=True)
     print(report(out))

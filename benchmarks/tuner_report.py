@@ -95,10 +95,11 @@ def report(out: dict[str, Any]) -> str:
                         / sum(r[o][i]["seconds"] for i, o in enumerate(oracle)))
         lines.append("tuned / oracle per phase: " + ", ".join(f"{x:.2f}" for x in per_phase)
                      + "  (goal >= 0.95)")
-        lines.append(f"tuned / rule of thumb, whole run: {total(tuned) / total(r['rule']):.2f}"
-                     "  (goal >= 1.10)")
-        lines.append(f"oracle / rule of thumb, whole run: {oracle_total / total(r['rule']):.2f}"
-                     "  (the most any strategy could reach)")
+        if "rule" in r:  # left out by --without rule
+            lines.append(f"tuned / rule of thumb, whole run: {total(tuned) / total(r['rule']):.2f}"
+                         "  (goal >= 1.10)")
+            lines.append(f"oracle / rule of thumb, whole run: "
+                         f"{oracle_total / total(r['rule']):.2f}  (the most any strategy could reach)")
         if "fixed-16" in r and "fixed-3" in r:  # the guide's n-max 16, llama.cpp's default 3
             better = max(total(r["fixed-16"]), total(r["fixed-3"]))
             lines.append(f"tuned / the better of fixed-16 and fixed-3, whole run: "
@@ -114,8 +115,8 @@ def report(out: dict[str, Any]) -> str:
         if "tuned" in warm:
             best = max((f for f in fixed if f in warm), key=lambda f: warm[f]["tps"])
             lines.append(f"warm-up ({warm['tuned']['tokens']} tokens each, not counted): tuned "
-                         f"{warm['tuned']['tps']:.1f} tokens/s, rule {warm['rule']['tps']:.1f}, "
-                         f"best fixed {best} {warm[best]['tps']:.1f}")
+                         f"{warm['tuned']['tps']:.1f} tokens/s, best fixed {best} "
+                         f"{warm[best]['tps']:.1f}")
         lines.append("tuning decisions: " + "; ".join(
             f"{e['action']} {e['old']}->{e['new']}" for e in data["tuning_events"]))
     return "\n".join(lines)
