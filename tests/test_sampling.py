@@ -47,6 +47,8 @@ def test_a_switch_to_greedy_is_seen_on_the_fifth_request_and_a_steady_mix_never(
     assert abs(mixed.share - 0.5) < 1e-9
     for _ in range(12):  # a dozen greedy requests in a row within a mix: not a change
         assert mixed.observe(1, 0) is None
+    # ... but a long run of them is: all-greedy after half-and-half shows on the 16th.
+    assert [mixed.observe(1, 0) for _ in range(4)] == [None, None, None, "up"]
 
 
 def test_the_proxy_book_counts_requests_by_sampling_until_taken():

@@ -13,7 +13,7 @@ interval doubled in prose).
 Each request counts 1 (greedy) or 0 (sampled) in a two-sided Page-Hinkley test, with a
 tolerance and threshold for a 0/1 signal: a switch from all-sampled to all-greedy fires
 after 5 requests (6 where the old workload had only 20), from half-and-half to all-greedy
-after about 15, while a random half-and-half mix needs 15 of one kind in a row to fire
+on the 16th, so a random half-and-half mix needs 16 of one kind in a row to fire
 (once in tens of thousands of requests; a false change costs a re-evaluation, not the
 setting). Requests without a `temperature` (the runtime's default) and requests that did
 not pass through the proxy do not count. The share of greedy requests since the last
