@@ -135,3 +135,14 @@ def stop_daemon(proc: subprocess.Popen, wait: float) -> None:
         proc.wait(wait)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (runs on different machines are not comparable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"

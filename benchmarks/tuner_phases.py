@@ -1,15 +1,15 @@
 """Benchmark: does the tuner beat fixed settings when the workload drifts?
 
-A phased workload (repetitive code, then free prose at temperature 0.8, then repetitive
-code) is served under several strategies, all in one `specfleet run` daemon on the real
-llama-server with the gemma-3-270m model, one target per strategy:
+A phased workload (repetitive code, free prose at temperature 0.8, code again; for the pair
+also code with 4 concurrent clients) is served under several strategies, all in one
+`specfleet run` daemon on the real llama-server, one target per strategy:
 
   defaults   the runtime's own defaults for the method (no length flag)
   rule       an operator's script: start at 16, double while acceptance (per chunk of 8
              requests) is above 70 %, halve below 40 %, by fleet-file edit and SIGHUP
   tuned      specfleet's tuner; in the ngram-mod case with `variants: [mod, simple]`
-  fixed-X    one fixed setting each, the sweep: ngram-mod lengths, ngram-simple size-m 16
-             and 48, speculation off. The best of them per phase is the oracle.
+  fixed-X    one fixed setting each (lengths, ngram-simple size-m 16 and 48, off): the
+             sweep; the best of them per phase is the oracle.
 
 Interleaved, not one strategy after another: the client sends request i of a phase to
 every target in turn (the order rotating each round) before request i+1. Measured one
@@ -26,8 +26,7 @@ ready (from the daemon's state events) outside those requests: what a lone clien
 target would have waited. Restarts are paid in full even though the other targets' turns
 hide them from the clock. The tuner's wall-clock constants (cool-down, re-probe) are
 scaled by the number of interleaved targets, so that per request of its own it meets them
-as often as a target served alone would (cool-down 30 s, re-probe 60 s for a target alone:
-already far shorter than production's 15 min and 1 h, which favours fixed settings).
+as often as a target served alone would (COOLDOWN_S, REPROBE_S below).
 
 Every target gets the same warm-up on the first phase's workload, reported apart and not
 counted in the phases, until the tuner has measured its baseline (once per model and
@@ -50,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ from supervisor.bench.workloads import BUILT_IN  # noqa: E402
 from supervisor.plugin import assemble_example_model, assemble_pair, pair_paths  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from serverproc import free_port, http  # noqa: E402
+from serverproc import cpu_model, free_port, http  # noqa: E402
 from tuner_report import Tally, down_intervals, report  # noqa: E402
 
 PHASES = ["code", "prose", "code"]
@@ -86,17 +86,6 @@ CHUNK = 8  # the rule of thumb's chunk of requests
 WARMUP_MAX = 96  # requests per target at most before the measured phases
 KEPT_DATA = ("measured_speedup", "predicted_speedup", "measured", "baseline_tps", "by_load",
              "baseline_by_load", "variants", "waited_off_s", "evidence")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (runs on different machines are not comparable)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def spec_with(base: dict[str, Any], length: Any) -> dict[str, Any]:
@@ -200,30 +189,35 @@ class Rule:
             self.fleet.set_speculation("rule", spec_with(self.base, new))
 
 
-def run_phase(fleet: Fleet, names: list[str], workload: str, n: int, max_tokens: int,
+def run_phase(fleet: Fleet, names: list[str], phase: str, n: int, max_tokens: int,
               rule: Rule, until=None, first: int = 0) -> dict[str, Tally]:
-    """n successful requests per target, interleaved; `until()` true ends it early. Request
+    """n requests per target, interleaved; `until()` true ends it early. `phase`: a
+    workload, `code*4`: with 4 concurrent clients (a target's turn sends 4 at once). Request
     j of a target gets the workload's prompt `first + j` (a new text for every request:
     Workload.prompt), the same for every target."""
-    w = BUILT_IN[workload]
+    workload, _, clients = phase.partition("*")
+    w, c = BUILT_IN[workload], int(clients or 1)
     tallies = {name: Tally() for name in names}
+
+    def one(name: str, j: int) -> tuple[float, float, dict[str, Any] | None]:
+        started = time.time()
+        timings = fleet.complete(name, w.prompt(first + j), max_tokens, w.sampling)
+        return started, time.time(), timings
+
     i = 0
-    while any(t.done < n for t in tallies.values()) and not (until and until()):
-        order = names[i % len(names):] + names[:i % len(names)]
-        i += 1
-        for name in order:
-            tally = tallies[name]
-            if tally.done >= n:
-                continue
-            started = time.time()
-            timings = fleet.complete(name, w.prompt(first + tally.done), max_tokens,
-                                     w.sampling)
-            tally.requests.append((started, time.time()))
-            if timings is None:
-                continue
-            tally.add(timings)
-            if name == "rule" and tally.done % CHUNK == 0:
-                rule.after_chunk(tally.take_chunk())
+    with ThreadPoolExecutor(c) as pool:
+        while any(t.done < n for t in tallies.values()) and not (until and until()):
+            order = names[i % len(names):] + names[:i % len(names)]
+            i += 1
+            for name in order:
+                tally = tallies[name]
+                batch = range(tally.done, min(n, tally.done + c))
+                for started, ended, timings in pool.map(lambda j, m=name: one(m, j), batch):
+                    tally.requests.append((started, ended))
+                    if timings is not None:
+                        tally.add(timings)
+                if name == "rule" and batch and tally.done % CHUNK == 0:
+                    rule.after_chunk(tally.take_chunk())
     return tallies
 
 
@@ -304,7 +298,7 @@ def main() -> int:
                     "--pair` drafted for by the Q4_K_M)")
     ap.add_argument("--without", default="", help="strategies left out, e.g. rule (on the "
                     "pair its in-place restarts take a quarter of the run's time)")
-    ap.add_argument("--out", default="tuner_phases.json")
+    ap.add_argument("--out", default="tuner_phases.json", help="a file name under results/")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
     model = str(assemble_example_model(lambda msg: print(msg, file=sys.stderr)))
@@ -326,7 +320,8 @@ def main() -> int:
         pair = assemble_pair(lambda msg: print(msg, file=sys.stderr))
         # The Q4_K_M drafting for the F32 target: 1.2-1.7x at temperature 0 with the best
         # length moving between code and prose, 0.2-0.3x on prose at 0.8 (pair_files.py).
-        cases["pair"] = ({"method": "draft", "draft": str(pair["close_draft"])}, PHASES)
+        cases["pair"] = ({"method": "draft", "draft": str(pair["close_draft"])},
+                         [*PHASES, "code*4"])  # 4 slots: llama-server's --parallel auto
     with tempfile.TemporaryDirectory(prefix="specfleet-bench-") as tmp:
         for case, (spec, phases) in cases.items():
             if case not in args.cases.split(","):
@@ -342,7 +337,7 @@ def main() -> int:
     print(report(out))
     results_dir = REPO / "benchmarks" / "results"
     results_dir.mkdir(exist_ok=True)
-    (results_dir / args.out).write_text(json.dumps(out, indent=1))
+    (results_dir / Path(args.out).name).write_text(json.dumps(out, indent=1))
     return 0
 
 

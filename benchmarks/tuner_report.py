@@ -26,9 +26,21 @@ def down_intervals(events: list[dict[str, Any]], name: str, end: float) -> list[
     return out
 
 
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as disjoint ones in order (concurrent requests overlap)."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def outside(intervals: list[tuple[float, float]], own: list[tuple[float, float]],
             start: float, end: float) -> float:
     """Seconds of `intervals`, clipped to [start, end], not covered by `own`."""
+    own = merged(own)
     total = 0.0
     for a, b in intervals:
         a, b = max(a, start), min(b, end)
@@ -61,7 +73,8 @@ class Tally:
         return accepted / drafted if drafted else None
 
     def result(self, down: list[tuple[float, float]], start: float, end: float) -> dict[str, Any]:
-        own = sum(b - a for a, b in self.requests)
+        # Wall time with a request of its own in flight: concurrent ones count once.
+        own = sum(b - a for a, b in merged(self.requests))
         waited = outside(down, self.requests, start, end)
         seconds = own + waited
         return {"tokens": self.tokens, "seconds": round(seconds, 2),
