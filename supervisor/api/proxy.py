@@ -12,6 +12,7 @@ target: the acceptance clients actually got.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -153,7 +154,11 @@ class Proxy:
                 if request.transport is not None:
                     request.transport.close()
                 return response, None
-            await response.write_eof()
+            # A client may close as soon as it has the last event (`data: [DONE]`), before
+            # the chunked body's end: it has the whole response, which counts. (aiohttp's
+            # ClientConnectionResetError is a ConnectionResetError.)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
         final = _final_object(tail)
         if final is not None and isinstance(final.get("timings"), dict):
             target.observe_timings(final["timings"])
