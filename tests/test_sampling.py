@@ -125,3 +125,19 @@ def test_sampled_requests_while_speculating_on_greedy_ones_are_a_change_of_workl
     assert [e[2]["direction"] for e in events] == ["down"]
     assert tuner.memory.measured == {}
     assert tuner.memory.regimes[-1]["greedy_share"] == 1.0
+
+
+def test_more_sampled_requests_while_off_wait_for_the_next_re_probe(tmp_path):
+    """Off because the draft did not pay, a move toward sampling will not make it pay: the
+    change is noted (the regime is left) but the time off runs its course (run 15 of
+    tuner_phases re-probed at once in prose and measured 0.36x off)."""
+    tuner, events = make(tmp_path)
+    tuner._remember(replace(off_memory({"8": LOSES}), fingerprint=tuner.memory.fingerprint,
+                            last_change=time.time()))
+    tuner._seen = {"-:8": 0.5}
+    for _ in range(40):  # greedy requests, speculation off
+        assert tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(1, 0)) is None
+    reasons = [tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(0, 1)) for _ in range(5)]
+    assert reasons == [None] * 5 and not tuner.speculation_on
+    assert [e[2].get("direction") for e in events] == ["down"]
+    assert tuner.memory.regimes[-1]["greedy_share"] == 1.0  # the greedy workload is kept

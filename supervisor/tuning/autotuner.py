@@ -178,7 +178,10 @@ class AutoTuner:
         if sampled:  # seen in the requests themselves, with speculation on or off
             self._workload_changed(now, "the share of greedy requests", sampled,
                                    self.sampling.left_share, **self.sampling.view())
-            self._recall_sampled()
+            # Sampled more, a draft that did not pay will not start to (run 15 re-probed at
+            # once in prose, at 0.36x): while off, only a recalled workload ends it early.
+            if not self._recall_sampled() and sampled == "down" and not self.speculation_on:
+                self._drifted = False
         if self._pending is None and self._cold_tokens <= 0:
             decision = self._decide(now)
             if decision is not None and decision.action == Action.KEEP:
@@ -290,26 +293,27 @@ class AutoTuner:
                          setting=setting, acceptance_rate=round(stats.acceptance_rate, 4),
                          regime_acceptance=regime["acceptance"][setting])
 
-    def _recall_sampled(self) -> None:
+    def _recall_sampled(self) -> bool:
         """At a change of the requests' sampling: a kept regime with the new share of greedy
-        requests, at once (speculation may be off)."""
+        requests, at once (speculation may be off); whether one came back."""
         share, m = self.sampling.share, self.memory
-        if share is None or m.measured or m.variants:
-            return
-        if (regime := recall_sampled(m.regimes, share)) is not None:
-            self._resume(regime, f"{share:.0%} of the latest requests greedy, as in a workload "
-                         f"seen before ({regime['greedy_share']:.0%})", **self.sampling.view())
+        regime = (None if share is None or m.measured or m.variants
+                  else recall_sampled(m.regimes, share))
+        return regime is not None and self._resume(
+            regime, f"{share:.0%} of the latest requests greedy, as in a workload seen before "
+            f"({regime['greedy_share']:.0%})", **self.sampling.view())
 
-    def _resume(self, regime: Mapping[str, Any], said: str, **data: Any) -> None:
+    def _resume(self, regime: Mapping[str, Any], said: str, **data: Any) -> bool:
         # Speedups by length are the variant's that ran when the regime was left.
         measured = dict(regime["measured"]) if regime.get("variant") == self.variant else {}
         variants = dict(regime["variants"])
         if not (measured or variants):
-            return
+            return False
         self._remember(replace(self.memory, measured=measured, variants=variants))
         self.emit("tuning", f"{said}: resuming from what was measured in it", action="recall",
                   measured={k: round(v["speedup"], 3) for k, v in measured.items()},
                   variants=variants, **data)
+        return True
 
     def apply_pending(self) -> None:
         """Make the pending decision the current setting (the caller restarts the server)."""
