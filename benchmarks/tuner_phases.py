@@ -258,10 +258,10 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
                          until=lambda: warmed_up(fleet, extra.get("variants", [])))
         warm_window = (start, time.time())
         windows, tallies = [], []
-        for k, p in enumerate(phases, 1):  # the warm-up had prompts 0..WARMUP_MAX-1
+        for j, p in enumerate(phases, 1):  # the warm-up had prompts 0..WARMUP_MAX-1
             start = time.time()
             tallies.append(run_phase(fleet, names, p, n, max_tokens, rule,
-                                     first=k * max(WARMUP_MAX, n)))
+                                     first=j * max(WARMUP_MAX, n)))
             windows.append((start, time.time()))
         events = fleet.events()
     finally:
