@@ -36,7 +36,8 @@ most 96 requests; the rule adjusts during it too. Cases: ngram-mod, self-draft (
 is the target's own GGUF: speculation can only hurt), pair (`specfleet setup --pair`).
 
 Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 32] [--max-tokens 96] [--cases
-ngram-mod,self-draft] [--without rule] (~40 min on 2 cores); writes benchmarks/results/.
+ngram-mod,self-draft] [--without rule] (~40 min on 2 cores; the pair alone ~50 min with three
+phases); writes benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ PHASES = ["code", "prose", "code"]
 # None: speculation off; (variant, length): another n-gram variant.
 # (n-max 8 was never the best in runs 1-6: left out, one target fewer to interleave.)
 SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 16, 32, 64, ("simple", 16), ("simple", 48)],
-                                "self-draft": [None, 2, 4, 16],  # pair: the guide's 16, the
-                                "pair": [None, 2, 3, 4, 8, 16]}  # default 3 among them
+                                "self-draft": [None, 2, 4, 16],
+                                # The guide's n-max 16 and llama.cpp's default 3 among them.
+                                "pair": [None, 2, 3, 4, 8, 16]}
 # What the tuner may search besides the length, per case.
 TUNED_EXTRA = {"ngram-mod": {"variants": ["mod", "simple"]}, "self-draft": {}, "pair": {}}
 # The daemon's time constants scaled to the benchmark's phases, in seconds of one target's
@@ -296,8 +298,8 @@ def main() -> int:
     ap.add_argument("--cases", default="ngram-mod,self-draft",
                     help="ngram-mod, self-draft, pair (the F32 target of `specfleet setup "
                     "--pair` drafted for by the Q4_K_M)")
-    ap.add_argument("--without", default="", help="strategies left out, e.g. rule (on the "
-                    "pair its in-place restarts take a quarter of the run's time)")
+    ap.add_argument("--without", default="", help="strategies left out, e.g. rule (its "
+                    "beside reloads are charged as downtime: benchmarks/README.md, run 14)")
     ap.add_argument("--out", default="tuner_phases.json", help="a file name under results/")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())

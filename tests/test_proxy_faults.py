@@ -147,6 +147,7 @@ def test_streams_closed_by_their_clients_right_after_done_are_counted_without_a_
     body = json.dumps({"model": "t", "prompt": "Hello", "max_tokens": 4, "stream": True})
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
             f"\r\nContent-Length: {len(body)}\r\n\r\n")
+
     def closer(rounds: int) -> None:
         for _ in range(rounds):
             with socket.create_connection((host, int(port)), timeout=60) as sock:
