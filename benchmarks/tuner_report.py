@@ -10,17 +10,22 @@ from typing import Any
 
 def down_intervals(events: list[dict[str, Any]], name: str, end: float) -> list[tuple[float,
                                                                                       float]]:
-    """When the target was not ready, after it first was: (left ready, ready again)."""
-    out, left, seen_ready = [], None, False
+    """When the target had no ready server, after it first had one: (left ready, ready
+    again). A restart beside runs two servers under one name for a while (the new one is
+    ready before the old one leaves ready to drain), so the target is down only when the
+    last ready one leaves, counted, not whenever one of them does."""
+    out, left, ready, seen_ready = [], None, 0, False
     for e in events:
         if e.get("target") != name or e.get("kind") != "state":
             continue
         if e.get("new") == "ready":
             if left is not None:
                 out.append((left, e["time"]))
-            left, seen_ready = None, True
+            left, seen_ready, ready = None, True, ready + 1
         elif e.get("old") == "ready" and seen_ready:
-            left = e["time"]
+            ready = max(0, ready - 1)
+            if ready == 0:
+                left = e["time"]
     if left is not None:
         out.append((left, end))
     return out
