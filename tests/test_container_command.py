@@ -22,12 +22,20 @@ def test_names_are_what_an_engine_accepts():
     assert c.container_name("...") == "specfleet-target"
 
 
+def test_a_daemons_containers_carry_its_state_dirs_mark_so_two_daemons_never_share_one():
+    a, b = (c.container_name("same", owner) for owner in ("/srv/a/state", "/srv/b/state"))
+    assert a != b and a.startswith("specfleet-same-") and b.startswith("specfleet-same-")
+    assert a == c.container_name("same", "/srv/a/state")  # stable: the next daemon adopts it
+    assert len(a) == len("specfleet-same-") + 8
+
+
 def test_podman_run_is_named_labelled_mounted_on_the_host_network_and_keeps_secrets_off_argv():
     run = c.ContainerRun("podman", "localhost/llama-server:b11434", mounts=("/models/m.gguf",),
                          port=8081, gpus=(0, 1), runtime="runc", env_file="/run/sf/t.env",
                          ulimits=LIMITS, owner="/var/lib/specfleet")
     argv = c.run_argv("gemma", SPEC, run)
-    assert argv[:5] == ["podman", "run", "-d", "--name", "specfleet-gemma"]
+    assert argv[:5] == ["podman", "run", "-d", "--name",
+                        c.container_name("gemma", "/var/lib/specfleet")]
     assert f"{c.LABEL_TARGET}=gemma" in argv and f"{c.LABEL_SPEC}={c.spec_hash(SPEC, run)}" in argv
     assert f"{c.LABEL_DAEMON}=/var/lib/specfleet" in argv
     assert argv[argv.index("--runtime") + 1] == "runc"
@@ -167,7 +175,8 @@ def test_check_prints_the_engines_command_line_without_the_secrets(tmp_path):
         pytest.skip("podman not installed (scripts/setup.sh installs it: apt-get install podman)")
     line, output = check_container_fleet(tmp_path, os.environ["PATH"])
     model = tmp_path / "m.gguf"
-    assert line.startswith("  run as: podman run -d --name specfleet-coder "), line
+    name = c.container_name("coder", str(tmp_path / "state"))
+    assert line.startswith(f"  run as: podman run -d --name {name} "), line
     assert f"-v {model}:{model}:ro" in line and "--device nvidia.com/gpu=1" in line
     assert f"--env-file {tmp_path / 'state'}/containers-env/coder.env" in line
     assert "--entrypoint llama-server localhost/llama:1 --model" in line

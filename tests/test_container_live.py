@@ -251,3 +251,67 @@ def test_units_render_says_why_this_podman_gets_no_quadlet_unit(
         assert written == ["specfleet.service"], written
     else:
         assert sum(n.endswith(".container") for n in written) == 2, written
+
+
+def test_two_state_dirs_with_a_target_of_one_name_run_two_containers(
+        tmp_path: Path, model: str, image: str, owner: str) -> None:
+    # Two daemons on one machine, each with a target `same` (issue 30: the second's start
+    # removed the first's container, named `specfleet-same` whatever the state dir).
+    fleets = []
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        path = container_fleet(tmp_path / sub, model, image)
+        doc = yaml.safe_load(path.read_text())
+        first = next(iter(doc["targets"]))
+        doc["targets"] = {"same": doc["targets"][first]}
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        fleets.append(path)
+    owners = [str(tmp_path / sub / "state") for sub in ("a", "b")]
+    a = DaemonProcess(fleets[0])
+    b = None
+    try:
+        pid_a = a.wait_state("same", "ready", timeout=120)["pid"]
+        b = DaemonProcess(fleets[1])
+        pid_b = b.wait_state("same", "ready", timeout=120)["pid"]
+        for fleet in fleets:
+            assert proxy_completion(fleet, "same")["choices"]
+        # The first daemon's server was never touched: same pid, never down.
+        assert a.target("same")["pid"] == pid_a and a.target("same")["state"] == "ready"
+        assert [e["new"] for e in a.events("same") if e["kind"] == "state"].count("ready") == 1
+        assert psutil.pid_exists(pid_a) and psutil.pid_exists(pid_b)
+        names = [[r["name"] for r in containers_of(o)] for o in owners]
+        assert all(len(n) == 1 for n in names) and names[0] != names[1], names
+        assert all(n[0].startswith("specfleet-same-") for n in names), names
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+        for o in owners:
+            remove_containers_of(o)
+
+
+def test_an_on_demand_container_left_by_a_killed_daemon_is_removed_at_the_next_start(
+        tmp_path: Path, model: str, image: str, owner: str) -> None:
+    # Issue 30: the next daemon showed it `unloaded` while it still ran and held its port,
+    # and that daemon's SIGTERM left it running too.
+    fleet = container_fleet(tmp_path, model, image, start="on_demand")
+    name = next(iter(yaml.safe_load(fleet.read_text())["targets"]))
+    daemon = DaemonProcess(fleet)
+    assert daemon.wait_state(name, "unloaded", timeout=60)
+    assert proxy_completion(fleet, name)["choices"]  # loads it
+    pid = daemon.wait_state(name, "ready", timeout=120)["pid"]
+    daemon.proc.kill()  # kill -9: nothing is stopped
+    daemon.stop()
+    assert psutil.pid_exists(pid) and [r["state"] for r in containers_of(owner)] == ["running"]
+    second = DaemonProcess(fleet)
+    try:
+        second.wait_state(name, "unloaded", timeout=60)
+        # Gone before anything asked for the target again.
+        wait_for(lambda: containers_of(owner) == [], 30, "the leftover container removed")
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+        assert any("left running by an earlier daemon" in e["reason"]
+                   for e in second.events(name)), second.events(name)
+        assert proxy_completion(fleet, name)["choices"]  # and it loads again on demand
+    finally:
+        assert second.stop() == 0, second.log()
+    assert containers_of(owner) == []

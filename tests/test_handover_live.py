@@ -179,3 +179,78 @@ def test_a_changed_target_whose_new_server_cannot_start_is_restarted_in_place(
     wait_for(lambda: not psutil.pid_exists(first["pid"]), 60, "the old server to stop")
     wait_for(lambda: daemon.target("t").get("state") in ("backoff", "failed"), 60,
              "the changed target's failure, shown as such")
+
+
+def long_request(proxy: str, model: str, out: list) -> threading.Thread:
+    """One completion of 200 tokens in a thread; (status, body start, when answered)
+    appended to out."""
+    def send() -> None:
+        body = json.dumps({"model": model, "prompt": "Write a long story about a lighthouse.",
+                           "max_tokens": 200, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"{proxy}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                out.append((resp.status, resp.read()[:200].decode(errors="replace"),
+                            time.time()))
+        except urllib.error.HTTPError as exc:
+            out.append((exc.code, exc.read()[:200].decode(errors="replace"), time.time()))
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_reload_that_restarts_a_target_in_place_holds_its_requests_and_finishes_those_in_flight(
+        tmp_path, model, llama_server_bin, start_daemon):
+    # Issue 30: the old supervisor was removed before it stopped (no drain): the request in
+    # flight got 503 and those sent meanwhile 404 "no target 't'".
+    restart = {**llama_target(model, llama_server_bin)["restart"], "replace": "in_place"}
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin,
+                                                     restart=restart)})
+    daemon = start_daemon(fleet)
+    first = daemon.wait_state("t", "ready")
+    long: list = []
+    with Traffic(proxy_of(fleet)) as traffic:
+        wait_for(lambda: traffic.count() >= 4, 60, "traffic")
+        thread = long_request(proxy_of(fleet), "t", long)
+        time.sleep(1.5)  # in flight: 200 tokens beside two clients take several seconds
+        changed_ctx(fleet, "1024")
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: (t := daemon.target("t")).get("state") == "ready"
+                 and t.get("pid") != first["pid"], 120, "the changed target's new server")
+        done = traffic.count()
+        wait_for(lambda: traffic.count() >= done + 4, 60, "requests on the new server")
+        thread.join(120)
+    assert traffic.failed() == [], traffic.failed()[:3]
+    assert long and long[0][0] == 200, long
+    # Finished on the old server, not cut and resent: answered before the new one was ready.
+    states = [e for e in daemon.events("t") if e["kind"] == "state"]
+    stopped = next(i for i, e in enumerate(states) if e.get("old") == "ready")
+    new_ready = next(e["time"] for e in states[stopped:] if e.get("new") == "ready")
+    assert long[0][2] < new_ready, (long[0], new_ready)
+    assert replace_steps(daemon) == ["in_place"]
+    cmdline = psutil.Process(daemon.target("t")["pid"]).cmdline()
+    assert cmdline[cmdline.index("--ctx-size") + 1] == "1024"
+
+
+def test_a_reload_while_an_on_demand_target_loads_serves_the_request_that_loads_it(
+        tmp_path, model, llama_server_bin, start_daemon):
+    # Issue 30: that request got 503 "is stopping: changed in the fleet file" and the new
+    # target was left unloaded.
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin,
+                                                     start="on_demand")})
+    daemon = start_daemon(fleet)
+    daemon.wait_state("t", "unloaded")
+    answers: list = []
+    thread = long_request(proxy_of(fleet), "t", answers)
+    wait_for(lambda: daemon.target("t").get("state") in ("starting", "loading"), 30,
+             "the load the request started")
+    changed_ctx(fleet, "1024")
+    daemon.signal(signal.SIGHUP)
+    thread.join(180)
+    assert answers and answers[0][0] == 200, answers
+    now = daemon.target("t")
+    assert now["state"] == "ready", now
+    cmdline = psutil.Process(now["pid"]).cmdline()
+    assert cmdline[cmdline.index("--ctx-size") + 1] == "1024"

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -256,3 +257,33 @@ def test_address_local_starts_a_private_cluster_that_goes_with_the_daemon(
     assert second.stop() == 0
     wait_for(lambda: gone(second_family), 30, "the second private cluster to go with its daemon")
     assert real_token.exists() == had_token
+
+
+def test_a_ray_head_that_is_down_holds_up_neither_the_api_nor_other_targets(
+        tmp_path, model, llama_server_bin, daemons):
+    # Issue 30: ray.init retried the head for 71-160 s before the API listened, the process
+    # target waiting with it, nothing said; and the daemon's exit would wait on it too.
+    from tests.conftest import free_port
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    fleet = write_fleet(tmp_path, {
+        "local": llama_target(model, llama_server_bin),
+        "remote": ray_target(model, llama_server_bin, ["worker-a"])},
+        ray={"address": address, "namespace": "down"}, stop_targets_on_exit=True)
+    daemon = daemons(fleet)
+    api = yaml.safe_load(fleet.read_text())["daemon"]["api"]
+
+    def healthz() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{api}/healthz", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+    wait_for(healthz, 30, "the API to answer")
+    daemon.wait_state("local", "ready", timeout=60)
+    assert daemon.target("remote")["state"] in ("starting", "backoff"), daemon.target("remote")
+    said = [e["reason"] for e in daemon.events("-")]
+    assert f"connecting to the Ray cluster at daemon.ray.address {address}; targets on Ray " \
+           "start once it answers" in said, said
+    stopping = time.monotonic()
+    assert daemon.stop(timeout=30) == 0, daemon.log()
+    assert time.monotonic() - stopping < 30

@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -210,3 +211,29 @@ def test_the_shipped_daemon_unit_template_passes_systemd_analyze_verify(tmp_path
     verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
                             text=True, check=False)
     assert verify.returncode == 0 and verify.stderr.strip() == "", verify.stderr
+
+
+def test_the_unit_of_a_swapping_target_left_by_a_killed_daemon_is_stopped_at_the_next_start(
+        tmp_path, model, llama_server_bin, lab, lab_daemon):
+    # It starts `unloaded` (nothing adopts it): left active, it held its port unseen.
+    fleet = fleet_of(tmp_path, {"lazy": systemd_target(model, llama_server_bin,
+                                                       start="on_demand")})
+    first = lab_daemon(fleet)
+    first.wait_state("lazy", "unloaded")
+    proxy = yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"]
+    body = json.dumps({"model": "lazy", "prompt": "Hi", "max_tokens": 2}).encode()
+    req = urllib.request.Request(f"http://{proxy}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:  # loads it
+        assert json.loads(resp.read())["choices"]
+    first.wait_state("lazy", "ready")
+    os.kill(first.host_pid(), signal.SIGKILL)
+    first.proc.wait(10)
+    wait_unit(lab, "specfleet-lazy.service", "active")
+    second = lab_daemon(fleet)
+    second.wait_state("lazy", "unloaded")
+    wait_for(lambda: lab.show("specfleet-lazy.service", "ActiveState") in ("inactive", "failed"),
+             30, "the leftover unit to stop")
+    assert any("stopped specfleet-lazy.service, left running by an earlier daemon" in e["reason"]
+               for e in second.events("lazy")), second.events("lazy")
+    wait_for(lambda: runtime_pids(str(tmp_path)) == [], 30, "no server left")

@@ -86,6 +86,12 @@ class Proxy:
         resent = False
         while True:
             if not await target.wait_serving(deadline - time.monotonic()):
+                # A reload replaced the target meanwhile (its changed definition under the
+                # same name): the request waits for that one instead, within `hold`.
+                if (now := self.fleet.served_target(target.name)) not in (None, target) \
+                        and deadline > time.monotonic():
+                    target = now
+                    continue
                 return self._failed(target, began, stream, 503, self._unavailable(target))
             try:
                 async with target.relaying(sampling_class(body)) as base_url:
@@ -113,6 +119,9 @@ class Proxy:
         return json_error(status, message)
 
     def _unavailable(self, target: ServedTarget) -> str:
+        if self.fleet.served_target(target.name) is None:  # removed by a reload meanwhile
+            return (f"target {target.name!r} was removed from the fleet file by a reload "
+                    "while the request waited for it")
         if (why := target.unavailable_reason()) is not None:
             return (f"target {target.name!r} is {why}; it will not come back by itself (POST "
                     f"/v1/targets/{target.name}/restart, or fix the fleet file and reload)")

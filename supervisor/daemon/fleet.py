@@ -77,6 +77,17 @@ class FleetSupervisors:
         self.supervisors[target.name] = sup
         self._start(sup)
 
+    async def discard_left_running(self) -> None:
+        """At daemon start, before targets start: what an earlier daemon that was killed
+        left running for a target that starts unloaded now (it swaps, so nothing adopts
+        it) is stopped, or it would hold its port and memory where the plan sees none."""
+        for target in self.fleet.targets.values():
+            launcher = self.launcher_for(target)
+            said = await launcher.discard(target.name) if launcher.traits.detaches \
+                and self._starts_unloaded(target) else ""
+            if said:
+                self.events.emit(Event(target.name, "adopt", said))
+
     def _create(self, target: Target, reason: str, unloaded: bool) -> TargetSupervisor:
         assert self.http is not None
         launcher = self.launcher_for(target)
@@ -207,10 +218,18 @@ class FleetSupervisors:
         await self._in_place(old, target)
 
     async def _in_place(self, old: TargetSupervisor, target: Target) -> None:
+        """The old server stops, then the changed one starts on the configured port. The
+        name stays listed throughout, under the new supervisor: the proxy's requests that
+        arrive meanwhile wait for it (within `proxy.hold`) instead of a 404, and those
+        waiting on the old one move to it; the old server first finishes the requests it
+        has (at most the new `health.start_timeout`)."""
+        new = self._create(target, f"changed in {self.fleet_path} (reload)",
+                           self._starts_unloaded(target))
         if self.supervisors.get(old.name) is old:
-            del self.supervisors[old.name]
+            self.supervisors[old.name] = new
+        await old.requests.drained(target.health.start_timeout)
         await old.shutdown("changed in the fleet file")
-        self.add(target, f"changed in {self.fleet_path} (reload)")
+        self._start(new)
         self._in_file_order()
 
     def _in_file_order(self) -> None:

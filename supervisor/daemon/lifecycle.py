@@ -124,6 +124,7 @@ class Daemon:
                             asyncio.create_task(self._watchdog(), name="watchdog"),
                             asyncio.create_task(self.targets.on_demand.run(), name="idle"),
                             asyncio.create_task(self._sample_history(), name="history")]
+        await self.targets.discard_left_running()
         for target in self.fleet.targets.values():
             self.targets.add(target)
         # The first reconcile is done: every target is started, adopted or refused.

@@ -181,6 +181,12 @@ class Launcher(abc.ABC):
         connect to what this launcher needs, if the fleet or what it left behind uses it."""
         return None  # a default that does nothing: most launchers need no connection
 
+    async def discard(self, name: str) -> str:
+        """At daemon start, for a target that starts unloaded (it swaps: nothing adopts it):
+        stop and remove what a previous daemon that did not stop cleanly left running for
+        it; say what, or "". Only launchers whose targets detach have anything to do."""
+        return ""
+
     async def remove_leftovers(self, fleet: Fleet) -> list[str]:
         """Stop and remove what this launcher runs for targets that `fleet` no longer gives
         it (removed, or moved to another launcher); one sentence per thing removed."""

@@ -26,10 +26,15 @@ LABEL_SPEC = "io.specfleet.spec"
 LABEL_DAEMON = "io.specfleet.daemon"
 
 
-def container_name(target: str) -> str:
-    """`specfleet-<target>`, lower-cased, anything an engine refuses replaced by `-`."""
+def container_name(target: str, owner: str = "") -> str:
+    """`specfleet-<target>`, lower-cased, anything an engine refuses replaced by `-`; for a
+    daemon's container, followed by 8 hex digits of its state dir's sha256 (`owner`), so
+    that two daemons with a target of one name run two containers, not one that each
+    removes to start its own. A Quadlet unit (no daemon) keeps the plain name."""
     slug = re.sub(r"[^a-z0-9_.-]+", "-", target.lower()).strip("-.") or "target"
-    return f"specfleet-{slug}"
+    if not owner:
+        return f"specfleet-{slug}"
+    return f"specfleet-{slug}-{hashlib.sha256(owner.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ def run_argv(target: str, spec: LaunchSpec, run: ContainerRun) -> list[str]:
     port reachable, the GPUs passed the engine's way, the environment from a file. The
     runtime's command is the entry point (an image's own ENTRYPOINT would be prepended to
     it otherwise: the llama.cpp server image's is /app/llama-server)."""
-    argv = [run.engine, "run", "-d", "--name", container_name(target),
+    argv = [run.engine, "run", "-d", "--name", container_name(target, run.owner),
             "--label", f"{LABEL_TARGET}={target}",
             "--label", f"{LABEL_SPEC}={spec_hash(spec, run)}"]
     if run.owner:

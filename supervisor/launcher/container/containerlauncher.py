@@ -1,5 +1,6 @@
-"""The container launcher: each target is the container `specfleet-<name>` of its image,
-run by podman or docker through their CLIs (docs/containers.md).
+"""The container launcher: each target is a container of its image named
+`specfleet-<name>-<8 hex digits of the state dir's hash>`, run by podman or docker through
+their CLIs (docs/containers.md).
 
 The runtime's command line is the backend's, with the command as the container's entry
 point; the files it names are mounted read-only at the same paths, the host's network is
@@ -7,8 +8,9 @@ used (the runtime binds the target's host and port as a process would) and the e
 goes through an env file (0600, in the state dir), never argv. Containers outlive the
 daemon, as systemd units do: a daemon that starts again adopts a running container whose
 spec label matches what it would start, replaces one that does not, and removes the
-containers of targets no longer in the fleet file. A container that ended is removed once
-its exit status and OOM flag are read, so a name in use never blocks a start.
+containers of targets no longer in the fleet file, and of targets that start unloaded. A
+container that ended is removed once its exit status and OOM flag are read, so a name in
+use never blocks a start.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ class ContainerLauncher(Launcher):
                     on_line: Callable[[str], None] | None = None) -> ContainerProcess:
         spec.write_files()
         engine, run, env = self.container_run(name, spec)
-        container = command.container_name(name)
+        container = command.container_name(name, self.owner)
         await engine.remove(container)  # an old one of that name never blocks the start
         # The env dir is also the mark that containers ran from this state dir (the next
         # daemon looks for leftovers only then).
@@ -229,9 +231,14 @@ class ContainerLauncher(Launcher):
                     stop_grace: float = 15.0) -> tuple[ContainerProcess | None, str]:
         """The target's container if it still runs what specfleet would start now."""
         engine, run, _ = self.container_run(name, spec)
-        container = command.container_name(name)
+        container = command.container_name(name, self.owner)
         info = await engine.container(container)
         if info is None:
+            # One this state dir ran under another name (an older specfleet's, without the
+            # state dir's mark) would hold the target's port.
+            if old := await self._remove_ours(engine, name):
+                return None, f"removed the container {', '.join(old)} (named by an earlier " \
+                             "specfleet, without its state dir's mark): started anew"
             return None, ""
         running = command.exit_from_state(info.get("State") or {}).running
         if running and labels_of(info).get(command.LABEL_SPEC) == command.spec_hash(spec, run):
@@ -245,6 +252,38 @@ class ContainerLauncher(Launcher):
         return None, (f"container {container} was running another command or image (the "
                       "fleet file or a tuning decision changed while specfleet was down): "
                       "replaced")
+
+    async def discard(self, name: str) -> str:
+        """A container this state dir ran for `name` that still runs although the target
+        starts unloaded (the daemon before was killed): removed, or it would hold its port
+        and memory unseen. Only where containers ran from this state dir."""
+        if not self.env_dir.exists():
+            return ""
+        try:
+            engine, _, _ = self.container_run(name)
+            removed = await self._remove_ours(engine, name)
+        except (SpecfleetError, EngineError) as exc:
+            return f"could not look for a container left running by an earlier daemon: {exc}"
+        return (f"removed the container {', '.join(removed)}, left running by an earlier "
+                "daemon that did not stop: the target swaps, so it starts unloaded"
+                if removed else "")
+
+    async def _ours(self, engine: Engine) -> list[tuple[str, str | None]]:
+        """This state dir's containers, running or not, with their targets."""
+        found = []
+        for container in await engine.labelled(command.LABEL_DAEMON, self.owner):
+            info = await engine.container(container)
+            found.append((container, labels_of(info or {}).get(command.LABEL_TARGET)))
+        return found
+
+    async def _remove_ours(self, engine: Engine, name: str) -> list[str]:
+        """Remove this state dir's containers of target `name`, whatever their names."""
+        removed = []
+        for container, target in await self._ours(engine):
+            if target == name:
+                await engine.remove(container)
+                removed.append(container)
+        return removed
 
     async def remove_leftovers(self, fleet: Fleet) -> list[str]:
         """Containers this daemon (this state dir) started for targets no longer in the
@@ -272,9 +311,7 @@ class ContainerLauncher(Launcher):
         except SpecfleetError:
             return []  # no engine installed: nothing can be left over
         removed = []
-        for container in await engine.labelled(command.LABEL_DAEMON, self.owner):
-            info = await engine.container(container)
-            target = labels_of(info or {}).get(command.LABEL_TARGET)
+        for container, target in await self._ours(engine):
             if target is None or target in keep:
                 continue
             await engine.remove(container)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -43,6 +45,28 @@ def actor_name(target: str) -> str:
     return f"{ACTOR_PREFIX}{target}"
 
 
+async def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a daemon thread of its own: awaited, but never waited for at exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if not done.done():
+            done.set_exception(exc) if exc is not None else done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, exc = fn(*args), None
+        except BaseException as caught:  # handed to the awaiting task
+            result, exc = None, caught
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=run, name=f"ray:{getattr(fn, '__name__', 'call')}",
+                     daemon=True).start()
+    return await done
+
+
 class RayCluster:
     def __init__(self, settings: RaySettings, children: ChildBook | None = None) -> None:
         self.settings = settings
@@ -73,7 +97,9 @@ class RayCluster:
         async with self._lock:
             if self._ray is None:
                 ray = import_ray()
-                await asyncio.to_thread(self._init, ray)
+                # Not asyncio.to_thread: its pool is joined at exit, and ray.init retries
+                # a head that is down for minutes, which would hold up the daemon's exit.
+                await in_own_thread(self._init, ray)
                 self._ray = ray
 
     def _init(self, ray: ModuleType) -> None:

@@ -93,6 +93,8 @@ class RayLauncher(Launcher):
         self.max_bytes, self.backups = max_bytes, backups
         self._last_node: dict[str, str] = {}  # target -> the node it last ran on (described)
         self._suspect: dict[str, float] = {}  # node id -> when it lost an actor of ours
+        self._connecting: asyncio.Task[None] | None = None
+        self._leftovers_of: Fleet | None = None  # the fleet to clean up after once connected
 
     @classmethod
     def from_context(cls, context: LauncherContext) -> RayLauncher:
@@ -119,11 +121,36 @@ class RayLauncher(Launcher):
 
     async def prepare(self, fleet: Fleet) -> None:
         """Connect when the fleet has targets on Ray, or names a cluster (whose actors of
-        targets removed from the file must be stopped)."""
-        if self.own_targets(fleet) or fleet.daemon.ray != RaySettings():
+        targets removed from the file must be stopped); in the background, so that a
+        cluster that is down (ray.init retries its head for minutes) holds up neither the
+        API nor the other targets. Targets on Ray wait for the connection in their start."""
+        if (self.own_targets(fleet) or fleet.daemon.ray != RaySettings()) \
+                and not self.cluster.connected and self._connecting is None:
+            self._connecting = asyncio.create_task(self._connect(), name="ray-connect")
+
+    async def _connect(self) -> None:
+        address = self.settings.address
+        self._say(f"connecting to the Ray cluster at daemon.ray.address {address}; targets "
+                  "on Ray start once it answers")
+        try:
             await self.cluster.connect()
+        except SpecfleetError as exc:
+            self._say(f"{exc}; targets on Ray try again at their next start")
+            return
+        finally:
+            self._connecting = None
+        self._say(f"connected to the Ray cluster at daemon.ray.address {address}")
+        if self._leftovers_of is not None:  # asked for before the connection was up
+            for said in await self.remove_leftovers(self._leftovers_of):
+                self._say(said)
+
+    def _say(self, reason: str) -> None:
+        if self.emit is not None:
+            self.emit("-", reason)
 
     async def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
         await self.cluster.close()
 
     def _node_lost(self, node_id: str) -> None:
@@ -234,7 +261,8 @@ class RayLauncher(Launcher):
     async def remove_leftovers(self, fleet: Fleet) -> list[str]:
         """Stop the actors of targets no longer run by Ray in the fleet file."""
         if not self.cluster.connected:
-            return []  # prepare() found no use of Ray
+            self._leftovers_of = fleet  # done once prepare()'s connection is up, if it was asked
+            return []
         keep, removed = self.own_targets(fleet), []
         for target in await self.cluster.our_actors():
             if target not in keep and (handle := await self.cluster.find_actor(target)):

@@ -224,6 +224,21 @@ class SystemdLauncher(Launcher):
         proc = await self._attach(unit)
         return proc, f"adopted {unit}, still running (pid {proc.pid})"
 
+    async def discard(self, name: str) -> str:
+        """The target's unit still active although the target starts unloaded (the daemon
+        before was killed): stopped, or it would hold its port and memory unseen."""
+        try:
+            await self.connect()
+            unit = unitfile.unit_name(name)
+            states = {n: state for n, state, _ in await self.manager.list_units([unit])}
+            if states.get(unit) not in _ACTIVE:
+                return ""
+            await self.manager.run_job("StopUnit", unit)
+        except (SpecfleetError, OSError) as exc:  # the manager's errors, its socket's
+            return f"could not look for a unit left running by an earlier daemon: {exc}"
+        return (f"stopped {unit}, left running by an earlier daemon that did not stop: the "
+                "target swaps, so it starts unloaded")
+
     async def remove_leftovers(self, fleet: Fleet) -> list[str]:
         if not self.connected:
             return []  # prepare() found neither targets nor units of ours
