@@ -25,3 +25,8 @@ class FleetFileError(SpecfleetError):
 
 class StartRefused(SpecfleetError):
     """A start that cannot work (the pairing guard, the VRAM planner); says why, with numbers."""
+
+
+class NotReachableYet(SpecfleetError):
+    """A start that may work later: what it runs on (a Ray cluster's head) does not answer
+    now. Retried with the restart policy's backoff, not given up at once."""

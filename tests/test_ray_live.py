@@ -284,6 +284,11 @@ def test_a_ray_head_that_is_down_holds_up_neither_the_api_nor_other_targets(
     said = [e["reason"] for e in daemon.events("-")]
     assert f"connecting to the Ray cluster at daemon.ray.address {address}; targets on Ray " \
            "start once it answers" in said, said
+    # The Ray target backs off and tries again (its owner answers commands meanwhile).
+    backoff = wait_for(lambda: [e for e in daemon.events("remote") if e.get("new") == "backoff"],
+                       60, "the Ray target's first try to fail")[0]
+    assert backoff["data"]["failure"] == "unreachable", backoff
+    assert f"the Ray cluster at daemon.ray.address {address} does not answer" in backoff["reason"]
     stopping = time.monotonic()
     assert daemon.stop(timeout=30) == 0, daemon.log()
     assert time.monotonic() - stopping < 30

@@ -96,6 +96,7 @@ class FailureKind(enum.Enum):
     OUT_OF_MEMORY = "out_of_memory"
     PORT_IN_USE = "port_in_use"
     REFUSED = "refused"  # the pairing guard or the VRAM planner refused the start
+    UNREACHABLE = "unreachable"  # what it runs on did not answer (a Ray head that is down)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.errors import StartRefused
+from supervisor.errors import NotReachableYet, StartRefused
 from supervisor.gpu.placement import Placer
 from supervisor.plugin.backend import Backend, Failure, FailureKind, LaunchSpec
 from supervisor.plugin.launching import Launcher, RunningProcess
@@ -42,9 +42,12 @@ async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Pl
 
 def start_failure(name: str, exc: Exception) -> Failure:
     """A start that cannot succeed, as a final failure: refused by the placer, a check of
-    the backend, or the operating system (a binary that cannot be executed)."""
+    the backend, or the operating system (a binary that cannot be executed); except one
+    whose cluster does not answer yet, retried under the restart policy."""
     if isinstance(exc, StartRefused):
         return Failure(FailureKind.REFUSED, str(exc), retryable=False)
+    if isinstance(exc, NotReachableYet):  # the cluster may answer at the next try
+        return Failure(FailureKind.UNREACHABLE, str(exc))
     if isinstance(exc, OSError):
         return Failure(FailureKind.CRASH, f"could not start target '{name}': "
                        f"{exc.strerror or exc}", retryable=False)

@@ -26,7 +26,7 @@ import psutil
 from supervisor.config.raysettings import RaySettings
 from supervisor.config.schema import Fleet, Target
 from supervisor.config.yamlsource import Problem
-from supervisor.errors import SpecfleetError
+from supervisor.errors import NotReachableYet, SpecfleetError
 from supervisor.launcher.outputlog import OutputLog
 from supervisor.launcher.ray.cluster import RayCluster, actor_name, first_line
 from supervisor.launcher.ray.placement import Choice, NodeView, choose, demand
@@ -41,6 +41,9 @@ _SUSPECT_FOR = 120.0  # seconds a node that lost an actor of ours is tried last
 # Seconds a start waits for a node to fit before giving up: the resources of an actor that
 # just ended reach the cluster's books a moment after it is dead.
 _SETTLE = 10.0
+# Seconds a start waits for the background connection to the cluster (a head that is up
+# answers ray.init in a few seconds).
+CONNECT_WAIT = 15.0
 
 
 def num_gpus(target: Target) -> int:
@@ -95,6 +98,7 @@ class RayLauncher(Launcher):
         self._suspect: dict[str, float] = {}  # node id -> when it lost an actor of ours
         self._connecting: asyncio.Task[None] | None = None
         self._leftovers_of: Fleet | None = None  # the fleet to clean up after once connected
+        self._unreachable = ""  # why the last connection failed
 
     @classmethod
     def from_context(cls, context: LauncherContext) -> RayLauncher:
@@ -128,6 +132,23 @@ class RayLauncher(Launcher):
                 and not self.cluster.connected and self._connecting is None:
             self._connecting = asyncio.create_task(self._connect(), name="ray-connect")
 
+    async def _connected(self) -> None:
+        """Return once connected; a target's start waits at most CONNECT_WAIT for the
+        background connection, then fails as not reachable yet and is retried with backoff
+        (an owner inside a start answers no command: a head that is down, which ray.init
+        retries for minutes, would hold up the daemon's stop)."""
+        if self.cluster.connected:
+            return
+        if self._connecting is None:
+            self._connecting = asyncio.create_task(self._connect(), name="ray-connect")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._connecting), CONNECT_WAIT)
+        if not self.cluster.connected:
+            raise NotReachableYet(f"the Ray cluster at daemon.ray.address "
+                                  f"{self.settings.address} does not answer"
+                                  + (f" ({self._unreachable})" if self._unreachable else
+                                     f" within {CONNECT_WAIT:g}s; still trying"))
+
     async def _connect(self) -> None:
         address = self.settings.address
         self._say(f"connecting to the Ray cluster at daemon.ray.address {address}; targets "
@@ -135,10 +156,12 @@ class RayLauncher(Launcher):
         try:
             await self.cluster.connect()
         except SpecfleetError as exc:
+            self._unreachable = str(exc)
             self._say(f"{exc}; targets on Ray try again at their next start")
             return
         finally:
             self._connecting = None
+        self._unreachable = ""
         self._say(f"connected to the Ray cluster at daemon.ray.address {address}")
         if self._leftovers_of is not None:  # asked for before the connection was up
             for said in await self.remove_leftovers(self._leftovers_of):
@@ -161,7 +184,7 @@ class RayLauncher(Launcher):
         return frozenset(n for n, t in self._suspect.items() if now - t < _SUSPECT_FOR)
 
     async def _place(self, target: Target) -> Choice:
-        await self.cluster.connect()
+        await self._connected()
         need = demand(num_gpus(target), target.ray.num_cpus, target.ray.resources)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _SETTLE
@@ -232,7 +255,7 @@ class RayLauncher(Launcher):
                     stop_grace: float = 15.0) -> tuple[RayProcess | None, str]:
         """The target's actor if it still runs the command specfleet would start now."""
         target = self.target_of(name)
-        await self.cluster.connect()
+        await self._connected()
         handle = await self.cluster.find_actor(name)
         if handle is None:
             return None, ""
