@@ -172,3 +172,36 @@ def test_streams_closed_by_their_clients_right_after_done_are_counted_without_a_
              f"{sent} requests counted (now {daemon.target('t').get('requests')})")
     log = daemon.stderr_path.read_text(errors="replace")
     assert "Traceback" not in log and "Cannot write to closing transport" not in log, log[-3000:]
+
+
+def test_a_planned_daemon_stop_lets_the_requests_under_way_finish_and_refuses_new_ones(
+        tmp_path, model, llama_server_bin, start_daemon):
+    # Issue 30: SIGTERM (an upgrade, `systemctl restart`) stopped the targets first, cutting
+    # what the proxy was relaying.
+    fleet = write_fleet(tmp_path, {"t": llama_target(model, llama_server_bin)})
+    daemon = start_daemon(fleet)
+    daemon.wait_state("t", "ready")
+    answers: list[tuple[int, bytes]] = []
+    body = {"model": "t", **LONG, "max_tokens": 150}
+    thread = threading.Thread(target=lambda: answers.append(
+        post(f"{proxy_of(fleet)}/v1/completions", body)), daemon=True)
+    thread.start()
+    time.sleep(1.5)  # under way: 150 tokens take several seconds on one thread
+    daemon.signal(signal.SIGTERM)
+    host, port = yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"].split(":")
+    refused = wait_for(lambda: _refused(host, int(port)), 10, "new connections refused")
+    thread.join(120)
+    assert refused
+    assert answers and answers[0][0] == 200, answers
+    assert json.loads(answers[0][1])["usage"]["completion_tokens"] == 150
+    assert daemon.proc.wait(60) == 0
+    said = [e["reason"] for e in daemon.events("-")]
+    assert "stopping: 1 proxy request(s) under way finished" in said, said[-5:]
+
+
+def _refused(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False

@@ -35,6 +35,9 @@ class Proxy:
         self.fleet = fleet
         self.hold = hold  # daemon.proxy.hold
         self._runner: web.AppRunner | None = None
+        self._under_way = 0  # requests being answered (waiting for a target, or relayed)
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._session: aiohttp.ClientSession | None = None
         self.app = web.Application(middlewares=[errors_as_json,
                                                 auth_middleware(fleet.api_token, set())],
@@ -53,6 +56,19 @@ class Proxy:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
         self._runner = await serve(self.app, address)
 
+    async def drain(self, timeout: float) -> tuple[int, int]:
+        """A planned stop: the listening sockets close (new connections are refused), then
+        the requests under way get at most `timeout` seconds to finish. (under way at the
+        start, still under way at the end)."""
+        if self._runner is None:
+            return 0, 0
+        for site in list(self._runner.sites):
+            await site.stop()
+        before = self._under_way
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        return before, self._under_way
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
@@ -68,6 +84,16 @@ class Proxy:
         return web.json_response({"object": "list", "data": data})
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
+        self._under_way += 1
+        self._idle.clear()
+        try:
+            return await self._forward(request)
+        finally:
+            self._under_way -= 1
+            if self._under_way == 0:
+                self._idle.set()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = json.loads(raw)

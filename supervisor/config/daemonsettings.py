@@ -76,6 +76,10 @@ class Proxy(_Strict):
     listen: str = Field(default="127.0.0.1:9911", description="`HOST:PORT` the proxy listens on.")
     hold: Seconds = Field(default=120.0, description=(
         "How long a request waits for a restarting target before it fails."))
+    drain: Seconds = Field(default=30.0, description=(
+        "How long a planned stop of the daemon (SIGTERM: an upgrade, `systemctl restart`) "
+        "waits for the proxy's requests under way to finish before it stops the targets; "
+        "new connections are refused meanwhile."))
 
     @field_validator("listen")
     @classmethod

@@ -135,6 +135,14 @@ class Daemon:
 
     async def _close(self) -> None:
         self.notifier.stopping()
+        # Requests under way through the proxy finish before their targets stop (a kill -9
+        # cuts them: the proxy lives in the daemon). The watchdog still runs meanwhile.
+        drain = self.settings.proxy.drain
+        under_way, left = await self.proxy.drain(drain)
+        if under_way:
+            self.emit("daemon", f"stopping: {under_way - left} proxy request(s) under way "
+                      "finished" + (f", {left} cut after {drain:g}s (daemon.proxy.drain)"
+                                    if left else ""))
         for task in self._background:
             task.cancel()
         await self.targets.stop_all("daemon stopping")
