@@ -129,6 +129,32 @@ def test_the_baseline_run_records_the_throughput_per_load_and_judges_the_window_
     assert done.memory.measured["16"]["speedup"] == pytest.approx(172 / 143)
 
 
+def test_a_baseline_of_other_loads_is_measured_again_where_most_tokens_run_not_judged():
+    # steady_load run 2: the baseline ran while one client was on; most tokens then came at
+    # 8+. Judged by per-request speeds that was 0.33x and speculation went off, where it ran
+    # 1.4x at one client. Instead the baseline is measured at the load it lacks.
+    memory = TunerMemory("x", baseline_tps=52.0, baseline_by_load={"1": 52.0}, length=16,
+                         last_change=0.0)
+    bounds = Bounds(16, 16, 16, False)
+    spec_load = load(MOD16, {"1": 500, "8+": 2000})
+    d = plan(memory, window(), SETTINGS, bounds, 1000.0, False, spec_load)
+    assert d.action == "baseline" and d.memory.phase == BASELINE
+    assert d.data["lacking"] == ["8+"] and "8+ running" in d.reason
+    done = plan(d.memory, WindowStats(0, 0, 0, 2000, 2000 / 18.0, (), 9), SETTINGS, bounds,
+                1100.0, False, load(OFF, {"8+": 2000}))
+    # The load it saw is added, the one it did not kept; the window before is judged by the
+    # mix: 1.3x, speculation stays on.
+    assert done.memory.baseline_by_load == {"1": 52.0, "8+": 143.0}
+    assert done.memory.baseline_tps == 52.0
+    assert done.action == "restore" and done.memory.speculation
+    assert done.memory.measured["16"]["speedup"] == pytest.approx(
+        judge(spec_load, {"1": 52.0, "8+": 143.0}).speedup)
+    # Covered now: the next judgement is by the mix, not another baseline run.
+    again = plan(done.memory, window(), SETTINGS, bounds, 1100.0 + SETTINGS.cooldown, False,
+                 spec_load)
+    assert again is None or again.action != "baseline"
+
+
 # --- lengths by load, for a runtime that takes a table (vLLM) ---
 
 def settled(memory: TunerMemory, tokens: dict[str, int], current=MOD64, length=64):

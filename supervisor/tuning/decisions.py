@@ -5,7 +5,8 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
 - a baseline (throughput without speculation) is measured, not assumed: once the
   target has served `min_tokens` tokens, it runs without speculation until it has
   served `min_tokens` more, then speculation comes back; the baseline is kept per
-  model file and runtime build and measured again when either changes;
+  model file and runtime build (and per load) and measured again when either changes, or
+  at the loads it lacks when those hold most of the window's tokens;
 - a new length only when its predicted gain over the current one is >= `min_gain`;
 - after a change, `cooldown` before the next one, unless the drift detector saw a
   sustained change of acceptance (then as soon as there is new evidence);
@@ -17,8 +18,8 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
 - lengths already measured in the current workload regime are judged by their
   measured speedup; when only one length has been measured and the model prefers
   another by less than `min_gain` but at least half of it, that one is tried once
-  ("explore"), so that the cost model is fitted on two points instead of assumed. A drift clears the
-  measurements: the workload they describe is gone;
+  ("explore"), so that the cost model is fitted on two points instead of assumed. A drift
+  clears the measurements: the workload they describe is gone;
 - where there is evidence by load (the server's throughput per concurrency bucket, with
   the baseline's per bucket), a length is judged by its speedup over the observed mix of
   loads (tuning/mix.py), not by the ratio of per-request speeds, which mixes loads:
@@ -94,9 +95,8 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
     `load`: the window's evidence by load bucket (tuning/mix.summary), if any."""
     load = load or {}
     if memory.phase == BASELINE:
-        if stats.tokens < settings.min_tokens or not stats.tokens_per_second:
-            return None
-        return _baseline_done(memory, stats, settings, bounds, now, load)
+        done = stats.tokens >= settings.min_tokens and stats.tokens_per_second
+        return _baseline_done(memory, stats, settings, bounds, now, load) if done else None
     if memory.phase == OFF:
         return _reprobe(memory, settings, bounds, now, drift)
     if memory.baseline_tps is None:
@@ -105,12 +105,9 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
         if stats.tokens < settings.min_tokens or (
                 stats.drafts < settings.min_steps and stats.tokens < 4 * settings.min_tokens):
             return None
-        before = {**asdict(stats), "load": {b: list(v) for b, v in load.items()}}
-        return Decision(Action.BASELINE, replace(memory, phase=BASELINE, last_change=now,
-                                            before_baseline=before),
-                        "no baseline for this model and runtime yet: measuring throughput "
-                        f"without speculation for {settings.min_tokens} tokens",
-                        {"evidence": stats.to_dict()})
+        return _measure_baseline(memory, stats, load, now, "no baseline for this model and "
+                                 "runtime yet: measuring throughput without speculation for "
+                                 f"{settings.min_tokens} tokens", {})
     if not stats.tokens_per_second or stats.drafts < max(1, settings.min_steps // 4):
         return None
     losing = quick_speedup(memory, stats, load) < LOSING
@@ -119,7 +116,23 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
     if (not drift and not losing and memory.last_change is not None
             and now - memory.last_change < settings.cooldown):
         return None
+    if load and judge(load, memory.baseline_by_load) is None:
+        # Most tokens ran at loads the baseline did not see: else judged by per-request
+        # speeds against other loads' baseline (steady_load run 2: 0.33x, turned off where
+        # it ran 1.4x at one client). At most once per cool-down, as any decision.
+        lacking = [b for b in load if not memory.baseline_by_load.get(b)]
+        return _measure_baseline(memory, stats, load, now, f"the baseline lacks the loads of "
+                                 f"most tokens now ({', '.join(lacking)} running): measuring "
+                                 "throughput without speculation there", {"lacking": lacking})
     return evaluate(memory, stats, settings, bounds, now, drift, load)
+
+
+def _measure_baseline(memory: TunerMemory, stats: WindowStats, load: Summary, now: float,
+                      reason: str, data: dict[str, Any]) -> Decision:
+    """Speculation off for `min_tokens`; the window before it is judged once it is done."""
+    before = {**asdict(stats), "load": {b: list(v) for b, v in load.items()}}
+    memory = replace(memory, phase=BASELINE, last_change=now, before_baseline=before)
+    return Decision(Action.BASELINE, memory, reason, {"evidence": stats.to_dict(), **data})
 
 
 def probe_length(bounds: Bounds) -> int:
@@ -196,9 +209,11 @@ def _baseline_done(memory: TunerMemory, stats: WindowStats, settings: Tuning, bo
                    now: float, load: Summary) -> Decision:
     tps = stats.tokens_per_second or 0.0
     raw_before = memory.before_baseline
-    by_load = {b: throughput for b, (_, throughput) in load.items()}
-    memory = replace(memory, phase=SPECULATING, baseline_tps=tps, last_change=now,
-                     before_baseline=None, baseline_by_load=by_load)
+    # Loads this run saw are measured anew; those it did not keep what was measured there.
+    by_load = {**memory.baseline_by_load,
+               **{b: throughput for b, (_, throughput) in load.items()}}
+    memory = replace(memory, phase=SPECULATING, baseline_tps=memory.baseline_tps or tps,
+                     last_change=now, before_baseline=None, baseline_by_load=by_load)
     said = f"baseline measured: {tps:.1f} tokens/s without speculation over {stats.tokens} tokens"
     data = {"baseline_tps": rounded(tps, 3), "baseline_evidence": stats.to_dict(),
             "baseline_by_load": {b: rounded(t, 2) for b, t in by_load.items()}}

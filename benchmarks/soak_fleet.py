@@ -1,0 +1,174 @@
+"""soak.py's fleet: the fleet file with everything that runs on this machine at once, the
+daemon run on it (killed, restarted, signalled by the faults), and what the faults and
+checks read through the API; and the poller that asks what an open status page asks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.serverproc import free_port, http
+from supervisor.config.loader import load_fleet
+from supervisor.launcher.container.command import container_name
+from supervisor.plugin.registry import default_registry
+
+REPO = Path(__file__).resolve().parent.parent
+
+ARGS = ["--ctx-size", "2048", "--parallel", "2", "--threads", "1"]
+HEALTH = {"interval": "1s", "timeout": "1s", "failures": 3, "start_timeout": "90s"}
+RESTART = {"backoff_initial": "0.5s", "backoff_max": "2s", "stop_grace": "5s",
+           "max_crashes": 1000, "window": "10m"}  # faults are not a crash loop to give up on
+HOLD = 120.0  # daemon.proxy.hold
+
+
+class SoakFleet:
+    """The soak's fleet file and daemon; what soak_faults.Faults acts through."""
+
+    def __init__(self, work: Path, binary: str, model: str, image: str | None,
+                 full_dir: str | None) -> None:
+        self.work, self.fleet_path = work, work / "fleet.yaml"
+        self.state_dir = full_dir or str(work / "state")
+        self.full_dir = full_dir
+        self.hold = HOLD
+        self.api_addr, self.proxy_port = f"127.0.0.1:{free_port()}", free_port()
+        own = work / "plain-model.gguf"
+        shutil.copyfile(model, own)
+        # The runtimes' command lines name the soak's directory (how leftovers are found);
+        # the container's mount takes the real file.
+        linked = work / "model.gguf"
+        linked.symlink_to(model)
+        real, model = model, str(linked)
+        common = {"binary": binary, "args": list(ARGS), "health": HEALTH, "restart": RESTART}
+        targets: dict[str, Any] = {
+            "tuned": {**common, "model": model, "port": free_port(),
+                      "speculation": {"method": "ngram", "variant": "mod"}},
+            "plain": {**common, "model": str(own), "port": free_port()}}
+        self.always, self.unreadable, self.container = ["tuned", "plain"], "plain", None
+        if image is not None:
+            from tests.container_image import SANDBOX
+            targets["box"] = {**common, "model": real, "port": free_port(),
+                              "launcher": "container", "container": {"image": image, **SANDBOX},
+                              "speculation": {"method": "ngram"}}
+            del targets["box"]["binary"]
+            self.container = "box"
+        for name in ("od-a", "od-b", "od-c"):
+            targets[name] = {**common, "model": model, "port": free_port(),
+                             "start": "on_demand", "idle_unload": "45s", "min_residency": "5s"}
+        self.on_demand = ["od-a", "od-b", "od-c"]
+        self.doc = {"version": 1, "daemon": {
+            "state_dir": self.state_dir, "log_dir": str(work / "logs"), "api": self.api_addr,
+            "proxy": {"listen": f"127.0.0.1:{self.proxy_port}", "hold": f"{HOLD:g}s"},
+            "stop_targets_on_exit": True}, "targets": targets}
+        self.write_raw_fleet(None)
+        self.doc["daemon"]["gpu"] = {"memory": [self._two_of_three_fit()], "headroom": 0}
+        self.write_raw_fleet(None)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.up = threading.Event()
+        self.incarnations: list[int] = []
+
+    def _two_of_three_fit(self) -> int:
+        registry = default_registry()
+        fleet = load_fleet(self.fleet_path, registry.check_target).fleet
+        need = {n: registry.backend_for(t).memory_estimate(on_gpu=True).total
+                for n, t in fleet.targets.items()}
+        swapping = sorted(need[n] for n in self.on_demand)
+        return sum(v for n, v in need.items() if n not in self.on_demand) \
+            + swapping[-1] + swapping[-2] + swapping[0] // 2
+
+    # --- the daemon ---
+
+    def start_daemon(self) -> None:
+        log = (self.work / "daemon.log").open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run",
+                                      str(self.fleet_path), "--json-logs"], cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=log,
+                                     stdin=subprocess.DEVNULL)
+        self.incarnations.append(self.proc.pid)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited with {self.proc.returncode}")
+            try:
+                if http(f"http://{self.api_addr}/healthz", timeout=2)[0] == 200:
+                    self.up.set()
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("the daemon's API did not answer within 60 s")
+
+    def kill_daemon(self) -> None:
+        assert self.proc is not None
+        self.up.clear()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop_daemon(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.up.clear()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(180)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    # --- what faults and checks read and change ---
+
+    def status(self) -> dict[str, Any]:
+        code, body = http(f"http://{self.api_addr}/v1/targets", timeout=5)
+        return json.loads(body) if code == 200 else {}
+
+    def target(self, name: str) -> dict[str, Any]:
+        return next((t for t in self.status().get("targets", []) if t["name"] == name), {})
+
+    def daemon_block(self) -> dict[str, Any]:
+        return self.status().get("daemon", {})
+
+    def api_post(self, path: str) -> int:
+        return http(f"http://{self.api_addr}{path}", {}, timeout=30)[0]
+
+    def edit_fleet(self, change: Any) -> None:
+        change(self.doc)
+        self.write_raw_fleet(None)
+
+    def write_raw_fleet(self, text: str | None) -> None:
+        """The fleet file: `text` as is (a broken one), or None: the current good one."""
+        data = text if text is not None else yaml.safe_dump(self.doc, sort_keys=False)
+        tmp = self.fleet_path.with_suffix(".tmp")
+        tmp.write_text(data)
+        tmp.replace(self.fleet_path)
+
+    def model_of(self, name: str) -> str:
+        return str(self.doc["targets"][name]["model"])
+
+    def container_name(self, name: str) -> str:
+        return container_name(name, self.state_dir)
+
+
+def poll_like_a_browser(fleet: SoakFleet, stop: threading.Event, errors: list[str]) -> None:
+    """What an open status page asks for every 2 s: the fleet, /metrics, a target's page."""
+    while not stop.wait(2.0):
+        if not fleet.up.is_set():
+            continue
+        for path in ("/v1/targets", "/metrics", "/v1/targets/tuned", "/ui"):
+            try:
+                code, _ = http(f"http://{fleet.api_addr}{path}", timeout=10)
+            except OSError as exc:
+                code = repr(exc)  # type: ignore[assignment]
+            if code not in (200, 302, 303, 401) and fleet.up.is_set():
+                errors.append(f"{time.strftime('%H:%M:%S')} {path}: {code}")
