@@ -47,21 +47,23 @@ class SoakFleet:
         linked = work / "model.gguf"
         linked.symlink_to(model)
         real, model = model, str(linked)
-        common = {"binary": binary, "args": list(ARGS), "health": HEALTH, "restart": RESTART}
+        def common() -> dict[str, Any]:  # each target its own lists: a fault edits one
+            return {"binary": binary, "args": list(ARGS), "health": dict(HEALTH),
+                    "restart": dict(RESTART)}
         targets: dict[str, Any] = {
-            "tuned": {**common, "model": model, "port": free_port(),
+            "tuned": {**common(), "model": model, "port": free_port(),
                       "speculation": {"method": "ngram", "variant": "mod"}},
-            "plain": {**common, "model": str(own), "port": free_port()}}
+            "plain": {**common(), "model": str(own), "port": free_port()}}
         self.always, self.unreadable, self.container = ["tuned", "plain"], "plain", None
         if image is not None:
             from tests.container_image import SANDBOX
-            targets["box"] = {**common, "model": real, "port": free_port(),
+            targets["box"] = {**common(), "model": real, "port": free_port(),
                               "launcher": "container", "container": {"image": image, **SANDBOX},
                               "speculation": {"method": "ngram"}}
             del targets["box"]["binary"]
             self.container = "box"
         for name in ("od-a", "od-b", "od-c"):
-            targets[name] = {**common, "model": model, "port": free_port(),
+            targets[name] = {**common(), "model": model, "port": free_port(),
                              "start": "on_demand", "idle_unload": "45s", "min_residency": "5s"}
         self.on_demand = ["od-a", "od-b", "od-c"]
         self.doc = {"version": 1, "daemon": {

@@ -33,7 +33,8 @@ def is_live(state: object) -> bool:
 
 ALLOWED: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset({State.STARTING, State.UNLOADED}),
-    State.STARTING: frozenset({State.LOADING, State.FAILED}),  # start-up failures are final
+    # Start-up failures are final, except what it runs on not answering yet (backoff).
+    State.STARTING: frozenset({State.LOADING, State.FAILED, State.BACKOFF}),
     State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
                               State.DETACHED}),
     State.READY: frozenset({State.DEGRADED, State.BACKOFF, State.FAILED, State.STOPPING,
