@@ -117,6 +117,33 @@ def test_proxy_peak_is_the_most_in_flight_since_the_last_take():
     assert asyncio.run(scenario()) == [2, 1, 1, 0]
 
 
+def test_after_a_switch_to_a_new_server_the_old_ones_requests_are_not_its_load_or_busy_time():
+    # steady_load run 3: the requests the old server still finished after a restart beside
+    # were booked as the new server's busy time, at 8+, against its tokens only: its
+    # baseline read 45 tokens/s where the server did about 120.
+    async def scenario() -> tuple[int, dict[int, float], int, dict[int, float]]:
+        book = ProxyRequests()
+        old_done = asyncio.Event()
+
+        async def old_request() -> None:
+            async with book.relaying():
+                await old_done.wait()
+        old = [asyncio.create_task(old_request()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        book.switch_route()  # the time up to here was the old server's, at 3
+        assert 3 in book.take_busy() and book.take_peak() == 0
+        async with book.relaying():  # one request on the new server, beside the 3 draining
+            await asyncio.sleep(0.1)
+        peak, busy = book.take_peak(), book.take_busy()
+        old_done.set()
+        await asyncio.gather(*old)
+        return peak, busy, book.in_flight, book.take_busy()
+
+    peak, busy, in_flight, after = asyncio.run(scenario())
+    assert peak == 1 and set(busy) == {1} and busy[1] >= 0.1
+    assert in_flight == 0 and after == {}  # the old route's end books nothing either
+
+
 def test_metrics_and_status_show_the_buckets():
     status = {"name": "t", "backend": "llamacpp", "state": "ready", "restarts": 0,
               "by_load": {"1": {"throughput": 50.0, "acceptance_rate": 0.5, "time_share": 0.6,

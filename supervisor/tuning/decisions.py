@@ -116,7 +116,7 @@ def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Boun
     if (not drift and not losing and memory.last_change is not None
             and now - memory.last_change < settings.cooldown):
         return None
-    if load and judge(load, memory.baseline_by_load) is None:
+    if load and memory.baseline_by_load and judge(load, memory.baseline_by_load) is None:
         # Most tokens ran at loads the baseline did not see: else judged by per-request
         # speeds against other loads' baseline (steady_load run 2: 0.33x, turned off where
         # it ran 1.4x at one client). At most once per cool-down, as any decision.
