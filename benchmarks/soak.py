@@ -182,8 +182,11 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="a file name under benchmarks/results/")
     ap.add_argument("--no-container", action="store_true")
     args = ap.parse_args()
-    binary = str(provision.cached_llama_server() or provision.build_llama_server())
-    model = str(assemble_example_model())
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr)
+    binary = str(provision.cached_llama_server() or provision.build_llama_server(
+        progress=progress))
+    model = str(assemble_example_model(progress=progress))
     with tempfile.TemporaryDirectory(prefix="specfleet-soak-") as tmp:
         work = Path(tmp)
         image = None if args.no_container else container_image(binary, work)

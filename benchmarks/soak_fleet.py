@@ -57,7 +57,9 @@ class SoakFleet:
         self.always, self.unreadable, self.container = ["tuned", "plain"], "plain", None
         if image is not None:
             from tests.container_image import SANDBOX
-            targets["box"] = {**common(), "model": real, "port": free_port(),
+            # gpus: none: the declared GPU memory would place it on "GPU 0", which podman
+            # is then asked for as a CDI device this CPU machine does not have.
+            targets["box"] = {**common(), "model": real, "port": free_port(), "gpus": "none",
                               "launcher": "container", "container": {"image": image, **SANDBOX},
                               "speculation": {"method": "ngram"}}
             del targets["box"]["binary"]
@@ -83,7 +85,8 @@ class SoakFleet:
         need = {n: registry.backend_for(t).memory_estimate(on_gpu=True).total
                 for n, t in fleet.targets.items()}
         swapping = sorted(need[n] for n in self.on_demand)
-        return sum(v for n, v in need.items() if n not in self.on_demand) \
+        planned = [n for n, t in fleet.targets.items() if t.gpus != "none"]
+        return sum(need[n] for n in planned if n not in self.on_demand) \
             + swapping[-1] + swapping[-2] + swapping[0] // 2
 
     # --- the daemon ---

@@ -65,6 +65,8 @@ class Traffic:
             target, kind = rand.choice(self.targets), rand.choice(KINDS)
             prompt = rand.choice(PROMPTS).format(n=f"{i}-{n}")
             outcome, detail = self.one(target, kind, prompt, rand.randint(8, 40))
+            if outcome == "daemon_down":
+                time.sleep(0.5)  # as a client would retry: not a loop of refused connects
             with self._lock:
                 self.counts[outcome] += 1
                 self.by_target[target][outcome] += 1
@@ -88,9 +90,10 @@ class Traffic:
             conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
             resp = conn.getresponse()
             if resp.status != 200:
-                text = resp.read()[:300].decode(errors="replace")
+                text = resp.read().decode(errors="replace")
                 ok_reason = resp.status in (502, 503) and _has_reason(text)
-                return ("refused", text) if ok_reason else ("lost", f"{resp.status} {text}")
+                return ("refused", text[:300]) if ok_reason else (
+                    "lost", f"{resp.status} {text[:300]}")
             if not stream:
                 data = json.loads(resp.read())
                 return ("ok", "") if data.get("choices") else ("lost", "200 without choices")

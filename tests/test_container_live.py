@@ -315,3 +315,21 @@ def test_an_on_demand_container_left_by_a_killed_daemon_is_removed_at_the_next_s
     finally:
         assert second.stop() == 0, second.log()
     assert containers_of(owner) == []
+
+
+def test_a_container_that_podman_creates_but_cannot_start_is_not_left_behind(
+        tmp_path: Path, model: str, image: str, owner: str) -> None:
+    # The soak's first run: `podman run` with a CDI GPU device this machine lacks creates
+    # the container, then fails; left `Created`, it outlived the daemon.
+    if Path("/etc/cdi/nvidia.yaml").exists() or Path("/var/run/cdi/nvidia.yaml").exists():
+        pytest.skip("this machine has NVIDIA CDI devices: the start would succeed")
+    fleet = write_fleet(tmp_path, {"gpu": {
+        "model": model, "port": free_port(), "launcher": "container", "gpus": [0],
+        "container": {"image": image, **SANDBOX}}})
+    daemon = DaemonProcess(fleet)
+    try:
+        failed = daemon.wait_state("gpu", "failed", timeout=60)
+        assert "nvidia.com/gpu=0" in json.dumps(failed), failed
+        assert containers_of(owner) == []  # removed at once, not at the next start
+    finally:
+        assert daemon.stop() == 0

@@ -209,6 +209,10 @@ class ContainerLauncher(Launcher):
             info = await engine.container(container)
         except EngineError as exc:
             log.close()
+            # `run` may have created the container before it failed (a CDI device it could
+            # not resolve): left `Created`, it would outlive the daemon (soak run 0).
+            with contextlib.suppress(EngineError):
+                await engine.remove(container)
             raise SpecfleetError(f"{engine.name} could not start {container}: {exc}") from None
         return await self._attach(engine, container, info, log, on_line, tail="all")
 
