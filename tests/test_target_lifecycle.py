@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from supervisor.config.schema import Target
-from supervisor.errors import SpecfleetError
+from supervisor.errors import NotReachableYet, SpecfleetError
 from supervisor.events import Event, EventBus
 from supervisor.plugin import MetricsSample, Readiness
 from supervisor.plugin.registry import build_registry
@@ -173,6 +173,29 @@ async def test_a_crash_backs_off_and_restarts(start_target):
     backoff = next(e for e in run.events if e.new == "backoff")
     assert "fake-runtime killed by signal SIGKILL" in backoff.reason
     assert backoff.data["delay"] == pytest.approx(0.01)
+
+
+UNREACHABLE_THEN_UP = [(S.STOPPED, S.STARTING), (S.STARTING, S.BACKOFF),
+                       (S.BACKOFF, S.STARTING), (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+
+
+async def test_a_start_whose_cluster_does_not_answer_yet_backs_off_and_tries_again(
+        start_target, monkeypatch):
+    # A Ray head that is down (launcher/ray/raylauncher.py): not final, unlike a start
+    # that cannot work; retried under the restart policy.
+    real_start, tries = FakeLauncher.start, []
+
+    async def first_unreachable(self: FakeLauncher, name: str, spec: Any, **kw: Any) -> Any:
+        tries.append(name)
+        if len(tries) == 1:
+            raise NotReachableYet("the Ray cluster at daemon.ray.address x does not answer")
+        return await real_start(self, name, spec, **kw)
+    monkeypatch.setattr(FakeLauncher, "start", first_unreachable)
+    run = start_target()
+    await run.reaches(S.READY)
+    assert run.transitions == UNREACHABLE_THEN_UP
+    backoff = next(e for e in run.events if e.new == "backoff")
+    assert backoff.data["failure"] == "unreachable" and "does not answer" in backoff.reason
 
 
 LOADING_CRASH_LOOP = [(S.STOPPED, S.STARTING)] + [
@@ -524,7 +547,7 @@ async def test_a_load_the_fleet_refuses_answers_waiting_requests_at_once(start_t
     assert run.transitions == [(S.STOPPED, S.UNLOADED)]
 
 
-SCENARIOS = [START, CRASH_AND_RESTART, LOADING_CRASH_LOOP, READY_TO_FAILED, DEGRADED_AND_BACK,
+SCENARIOS = [START, CRASH_AND_RESTART, UNREACHABLE_THEN_UP, LOADING_CRASH_LOOP, READY_TO_FAILED, DEGRADED_AND_BACK,
              HANG, PLANNED_RESTART, SHUTDOWN, DETACH, ON_DEMAND, [(S.BACKOFF, S.UNLOADED)],
              [(S.STARTING, S.FAILED), (S.FAILED, S.STARTING), (S.BACKOFF, S.STOPPED),
               (S.LOADING, S.STOPPING), (S.DEGRADED, S.STOPPING), (S.DEGRADED, S.FAILED),

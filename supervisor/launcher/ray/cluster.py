@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -45,26 +46,45 @@ def actor_name(target: str) -> str:
     return f"{ACTOR_PREFIX}{target}"
 
 
-async def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in a daemon thread of its own: awaited, but never waited for at exit."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[Any] = loop.create_future()
+class LastingThread:
+    """One daemon thread that runs the blocking calls given to it, for the daemon's whole
+    life. Not a thread per call: ray.init starts a private cluster's processes with a
+    parent-death signal, which Linux sends when the *thread* that started them ends (a
+    thread that ended after ray.init killed the `local` cluster's GCS a minute later). Not
+    asyncio.to_thread's pool: it is joined at exit, and ray.init retries a head that is
+    down for minutes; a daemon thread is never waited for."""
 
-    def settle(result: Any, exc: BaseException | None) -> None:
-        if not done.done():
-            done.set_exception(exc) if exc is not None else done.set_result(result)
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
-    def run() -> None:
-        try:
-            result, exc = fn(*args), None
-        except BaseException as caught:  # handed to the awaiting task
-            result, exc = None, caught
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(settle, result, exc)
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="ray", daemon=True)
+            self._thread.start()
+        self._jobs.put((loop, done, fn, args))
+        return await done
 
-    threading.Thread(target=run, name=f"ray:{getattr(fn, '__name__', 'call')}",
-                     daemon=True).start()
-    return await done
+    def _work(self) -> None:
+        while True:
+            loop, done, fn, args = self._jobs.get()
+            try:
+                result, exc = fn(*args), None
+            except BaseException as caught:  # handed to the awaiting task
+                result, exc = None, caught
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(_settle, done, result, exc)
+
+
+def _settle(done: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if done.done():  # the awaiting task was cancelled
+        return
+    if exc is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(result)
 
 
 class RayCluster:
@@ -78,6 +98,7 @@ class RayCluster:
         self._ray: ModuleType | None = None
         self._actor_class: Any = None
         self._lock = asyncio.Lock()
+        self._thread = LastingThread()
 
     @property
     def connected(self) -> bool:
@@ -97,9 +118,7 @@ class RayCluster:
         async with self._lock:
             if self._ray is None:
                 ray = import_ray()
-                # Not asyncio.to_thread: its pool is joined at exit, and ray.init retries
-                # a head that is down for minutes, which would hold up the daemon's exit.
-                await in_own_thread(self._init, ray)
+                await self._thread.run(self._init, ray)  # see LastingThread
                 self._ray = ray
 
     def _init(self, ray: ModuleType) -> None:
