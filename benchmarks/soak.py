@@ -124,7 +124,7 @@ class Soak:
         self.mismatches += checks.status_matches_events(Path(fleet.state_dir))
         time.sleep(2)
         left = [f"pid {p}" for p in checks.runtimes_of(str(fleet.work))]
-        left += checks.leftover_containers(fleet.state_dir)
+        left += checks.containers_of(fleet.state_dir)  # stop_targets_on_exit: none may be left
         return self.result(code, left)
 
     def _sample(self) -> None:

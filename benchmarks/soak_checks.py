@@ -53,11 +53,6 @@ def orphans(marker: str, status: dict[str, Any] | None) -> list[str]:
     return found
 
 
-def leftover_containers(state_dir: str) -> list[str]:
-    """At the end (the daemon stopped with stop_targets_on_exit): none may be left."""
-    return containers_of(state_dir)
-
-
 def status_matches_events(state_dir: Path) -> list[str]:
     """Every target's state in status.json is the `new` state of its last state event in
     events.jsonl (a state change the log does not have is a violation)."""

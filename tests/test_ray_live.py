@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -264,6 +263,9 @@ def test_a_ray_head_that_is_down_holds_up_neither_the_api_nor_other_targets(
     # Issue 30: ray.init retried the head for 71-160 s before the API listened, the process
     # target waiting with it, nothing said; and the daemon's exit would wait on it too.
     from tests.conftest import free_port
+    from tests.ray_cluster import ray_available
+    if not ray_available():  # without it the Ray target fails at once: nothing to reach
+        pytest.skip("ray is not installed: pip install 'specfleet[ray]'")
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     fleet = write_fleet(tmp_path, {
         "local": llama_target(model, llama_server_bin),
@@ -289,6 +291,4 @@ def test_a_ray_head_that_is_down_holds_up_neither_the_api_nor_other_targets(
                        60, "the Ray target's first try to fail")[0]
     assert backoff["data"]["failure"] == "unreachable", backoff
     assert f"the Ray cluster at daemon.ray.address {address} does not answer" in backoff["reason"]
-    stopping = time.monotonic()
-    assert daemon.stop(timeout=30) == 0, daemon.log()
-    assert time.monotonic() - stopping < 30
+    assert daemon.stop(timeout=30) == 0, daemon.log()  # killed after 30 s otherwise

@@ -82,7 +82,7 @@ class ProxyRequests:
 
     def _current(self) -> int:
         """Requests in flight on the current route (the server the tuner's counters read)."""
-        return self._on_route.get(self.route, 0)
+        return self.on_route(self.route)
 
     def on_route(self, route: int) -> int:
         """Requests in flight on a route."""

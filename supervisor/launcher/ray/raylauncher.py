@@ -28,7 +28,7 @@ from supervisor.config.schema import Fleet, Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import NotReachableYet, SpecfleetError
 from supervisor.launcher.outputlog import OutputLog
-from supervisor.launcher.ray.cluster import RayCluster, actor_name, first_line
+from supervisor.launcher.ray.cluster import RayCluster, actor_name, first_line, import_ray
 from supervisor.launcher.ray.placement import Choice, NodeView, choose, demand
 from supervisor.launcher.ray.process import RayProcess
 from supervisor.plugin.hookspecs import hookimpl
@@ -139,6 +139,7 @@ class RayLauncher(Launcher):
         retries for minutes, would hold up the daemon's stop)."""
         if self.cluster.connected:
             return
+        import_ray()  # no ray package: a start that cannot work (final), not one to retry
         if self._connecting is None:
             self._connecting = asyncio.create_task(self._connect(), name="ray-connect")
         with contextlib.suppress(TimeoutError):
