@@ -133,10 +133,10 @@ def test_status_follows_the_COLUMNS_variable(tmp_path: Path):
 def test_a_target_loading_a_new_process_shows_no_acceptance_tokens_per_second_or_memory():
     # The status still holds the previous process's quantities one second into loading.
     header, row = table_of(rendered(None, target("gemma", "loading", 5151)))[:2]
-    cell = dict(zip(("ACCEPTED", "TOK/S", "MEMORY"),
+    cell = dict(zip(("ACCEPTED", "SPEED", "MEMORY"),
                     (row[header.index(c):].split("  ")[0].strip()
-                     for c in ("ACCEPTED", "TOK/S", "MEMORY")), strict=True))
-    assert cell == {"ACCEPTED": "-", "TOK/S": "-", "MEMORY": "-"}
+                     for c in ("ACCEPTED", "SPEED", "MEMORY")), strict=True))
+    assert cell == {"ACCEPTED": "-", "SPEED": "-", "MEMORY": "-"}
     assert "62%" not in row and "41.5" not in row and "rss" not in row
 
 
@@ -149,7 +149,7 @@ def test_a_failed_target_without_a_process_shows_no_memory():
 
 def test_a_ready_target_shows_its_quantities_and_memory():
     row = table_of(rendered(None, target("gemma", "ready", 4242)))[1]
-    assert "62% 3.10 tok/step" in row and "41.5" in row and "vram 3.0G rss 900.0M" in row
+    assert "62.0% 3.10 tokens/step" in row and "41.5 tok/s" in row and "VRAM 3.0 GiB, RSS 900.0 MiB" in row
 
 
 

@@ -111,4 +111,4 @@ async def test_status_api_and_metrics_show_the_same_numbers_for_the_same_counter
     assert api["shown"]["tokens_per_second"] == \
         scraped["specfleet_target_tokens_per_second"] == 50.0
     assert api["shown"]["draft_length"] == scraped["specfleet_target_draft_length"] == 4
-    assert "38% 2.50 tok/step" in table and " 50.0 " in table and "ngram-mod n=4" in table
+    assert "37.5% 2.50 tokens/step" in table and " 50.0 tok/s " in table and "ngram-mod n=4" in table

@@ -91,4 +91,7 @@ class FleetView(Protocol):
 
     def history(self, name: str, since: float | None = None) -> dict[str, Any]: ...
 
+    def tuning(self, name: str) -> dict[str, Any]:
+        """Why the target runs its setting: measurements and decisions (tuning/evidence.py)."""
+
     def log_tail(self, name: str, lines: int) -> list[str]: ...

@@ -1,6 +1,7 @@
 """The status page's side of the API listener (docs/ui.md): the pages (static files shipped
 in the package, no build step), the browser's login with the API token, and what the
-pages read that the API did not have: a target's history, its log tail, the requests.
+pages read that the API did not have: a target's history, its log tail, the requests,
+why it runs its tuned setting.
 
 A login sets one cookie, the session (HttpOnly, SameSite=Strict); the page then reads
 its CSRF token from /ui/session and sends it in a header with every state-changing
@@ -45,6 +46,7 @@ class StatusPages:
         app.router.add_static("/ui/static", UI_DIR / "static", show_index=False)
         app.router.add_get("/v1/targets/{name}/history", self.history)
         app.router.add_get("/v1/targets/{name}/logs", self.logs)
+        app.router.add_get("/v1/targets/{name}/tuning", self.tuning)
         app.router.add_get("/v1/requests", self.requests)
 
     async def root(self, request: web.Request) -> web.Response:
@@ -103,6 +105,10 @@ class StatusPages:
             raise web.HTTPBadRequest(reason="since must be a number (seconds since the "
                                             "epoch)") from None
         return web.json_response(self.fleet.history(name, since))
+
+    async def tuning(self, request: web.Request) -> web.Response:
+        name = named_target(self.fleet, request.match_info["name"]).name
+        return web.json_response(self.fleet.tuning(name))
 
     async def logs(self, request: web.Request) -> web.Response:
         name = named_target(self.fleet, request.match_info["name"]).name

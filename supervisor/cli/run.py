@@ -28,4 +28,5 @@ def run(args: argparse.Namespace) -> int:
     configure(json_lines=args.json_logs)
     registry = default_registry()
     loaded = load(args.file, registry)
-    return asyncio.run(Daemon(Path(args.file), loaded, registry).run())
+    # Absolute: the status page and `status` name the file wherever they were run from.
+    return asyncio.run(Daemon(Path(args.file).absolute(), loaded, registry).run())

@@ -74,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
             names = ", ".join(t["name"] for t in status.get("targets", [])) or "(none)"
             raise SpecfleetError(f"no target {args.target!r} in the status; targets: {names}")
         record = runrecord.read_latest(state_dir, args.target)
+        why = _tuning_from_api(status, keys.token if keys else None, args.target) \
+            if alive else None
         if args.json:
-            print(json.dumps({**target, "run_record": record}, indent=1))
+            print(json.dumps({**target, "run_record": record, "why": why}, indent=1))
         else:
-            print(statusview.render_target(target, record))
+            print(statusview.render_target(target, record, why))
         return 0 if alive else 3
     if args.json:
         print(json.dumps({**status, "daemon_running": alive}, indent=1))
@@ -113,9 +115,9 @@ def terminal_width() -> int | None:
     return columns if columns > 0 else None
 
 
-def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any] | None:
-    """The live status from the running daemon's API (fresher than the file, which is
-    rewritten every few seconds); None if the API cannot be asked."""
+def _api_get(status: dict[str, Any], token: str | None, path: str) -> tuple[str, Any] | None:
+    """(API address, JSON body) of a GET to the running daemon's API; None if it cannot be
+    asked (no token, or the API is down: the status file still tells)."""
     import urllib.request
 
     api = status.get("daemon", {}).get("api")
@@ -123,13 +125,28 @@ def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any
         return None
     host, _, port = api.rpartition(":")
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
-    req = urllib.request.Request(f"http://{host}:{port}/v1/targets",
+    req = urllib.request.Request(f"http://{host}:{port}{path}",
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(req, timeout=3) as resp:
-            data = json.loads(resp.read())
+            return f"http://{host}:{port}", json.loads(resp.read())
     except (OSError, ValueError):
-        return None  # no token, or the API is down: the status file still tells
-    if not isinstance(data, dict) or "targets" not in data:
         return None
-    return {**data, "source": f"api http://{host}:{port}"}
+
+
+def _status_from_api(status: dict[str, Any], token: str | None) -> dict[str, Any] | None:
+    """The live status from the running daemon's API (fresher than the file, which is
+    rewritten every few seconds); None if the API cannot be asked."""
+    got = _api_get(status, token, "/v1/targets")
+    if got is None or not isinstance(got[1], dict) or "targets" not in got[1]:
+        return None
+    return {**got[1], "source": f"api {got[0]}"}
+
+
+def _tuning_from_api(status: dict[str, Any], token: str | None,
+                     name: str) -> dict[str, Any] | None:
+    """Why the target runs its setting (GET /v1/targets/{name}/tuning), if the API answers."""
+    from urllib.parse import quote
+
+    got = _api_get(status, token, f"/v1/targets/{quote(name, safe='')}/tuning")
+    return got[1] if got is not None and isinstance(got[1], dict) else None

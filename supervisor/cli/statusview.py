@@ -8,93 +8,30 @@ import time
 from typing import Any
 
 from supervisor.config.measures import format_duration
-from supervisor.supervision.states import is_live
-
-
-def _uptime(target: dict[str, Any], now: float) -> str:
-    if target.get("pid") and target.get("started_at"):
-        return format_duration(now - target["started_at"])
-    return "-"
-
-
-def _last_event(target: dict[str, Any], now: float) -> str:
-    event = target.get("last_event")
-    if not event:
-        return "-"
-    age = format_duration(now - event.get("time", now))
-    return f"{age} ago: {event.get('reason', '')}"
-
-
-def _speculation(target: dict[str, Any]) -> str:
-    spec = target.get("speculation") or {}
-    method = spec.get("method", "none")
-    if method == "none":
-        return "none"
-    name = f"ngram-{spec.get('variant') or 'mod'}" if method == "ngram" else method
-    phase = (target.get("tuning") or {}).get("phase")
-    if phase == "baseline":
-        return f"{name}: off, measuring baseline"
-    if not spec.get("enabled", True):
-        return f"{name}: off (tuner)"
-    by_load = (target.get("tuning") or {}).get("lengths_by_load")
-    if by_load:  # vLLM's num_speculative_tokens_per_batch_size (docs/tuning.md)
-        return f"{name} n by load " + " ".join(f"{b}:{k or 'off'}" for b, k in by_load.items())
-    length = spec.get("draft_length")
-    tuned = (target.get("tuning") or {}).get("tuned_length") is not None
-    return f"{name} n={length if length is not None else 'default'}" + (" (tuned)" if tuned else "")
-
-
-def _live(target: dict[str, Any]) -> bool:
-    return is_live(target.get("state"))
+from supervisor.supervision import labels
 
 
 def _acceptance(target: dict[str, Any]) -> str:
     """Acceptance rate and mean accepted length (tokens per drafted step), as /metrics has them."""
-    shown = (target.get("shown") or {}) if _live(target) else {}
-    if shown.get("acceptance_rate") is None or shown.get("mean_accepted_length") is None:
-        return "-"
-    return f"{100 * shown['acceptance_rate']:.0f}% {shown['mean_accepted_length']:.2f} tok/step"
-
-
-def _tokens_per_second(target: dict[str, Any]) -> str:
-    tps = (target.get("shown") or {}).get("tokens_per_second") if _live(target) else None
-    return f"{tps:.1f}" if tps else "-"
-
-
-def _size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return f"{n / 1024:.0f}K"
-
-
-def _memory(target: dict[str, Any]) -> str:
-    r = (target.get("resources") or {}) if _live(target) else {}
-    if not r:
-        return "-"
-    out = f"rss {_size(r.get('rss_bytes'))}"
-    if r.get("vram_bytes") is not None:
-        out = f"vram {_size(r['vram_bytes'])} " + out
-    return out
+    rate, mean = labels.acceptance(target), labels.accepted_length(target)
+    return "-" if rate == labels.NONE else f"{rate} {mean}"
 
 
 def _gpus(daemon: dict[str, Any]) -> list[str]:
     g = daemon.get("gpus") or {}
     if g.get("unavailable"):
         return [f"GPUs: {g['unavailable']}"]
-    return [f"GPU {d['index']} {d['name']}: {_size(d['free'])} free of {_size(d['total'])}"
+    return [f"GPU {d['index']} {d['name']}: {labels.size(d['free'])} free of {labels.size(d['total'])}"
             + (f", {d['utilization']}% busy" if d.get("utilization") is not None else "")
             + (f", {d['temperature']}°C" if d.get("temperature") is not None else "")
             for d in g.get("gpus", [])]
 
 
-COLUMNS = ("TARGET", "STATE", "PID", "UPTIME", "RESTARTS", "SPECULATION", "ACCEPTED", "TOK/S",
+COLUMNS = ("TARGET", "STATE", "PID", "UPTIME", "RESTARTS", "SPECULATION", "ACCEPTED", "SPEED",
            "MEMORY", "LAST EVENT")
 # On a narrow terminal these go first, in this order; TARGET, STATE and LAST EVENT (shortened
 # with an ellipsis) always stay, and `specfleet status --target NAME` shows everything.
-DROP_FIRST = ("MEMORY", "PID", "UPTIME", "TOK/S", "ACCEPTED", "SPECULATION", "RESTARTS")
+DROP_FIRST = ("MEMORY", "PID", "UPTIME", "SPEED", "ACCEPTED", "SPECULATION", "RESTARTS")
 LAST_EVENT_MIN = 24  # what is left of the last event before more columns are dropped
 GAP = "  "
 
@@ -179,9 +116,9 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None,
         # With the daemon gone nobody watches the targets: their last known state, marked
         # as such (systemd units may still run; a process launcher's children are gone).
         state = t["state"] if alive else f"was {t['state']}"
-        rows.append((t["name"], state, str(t.get("pid") or "-"), _uptime(t, now),
-                     str(t.get("restarts", 0)), _speculation(t), _acceptance(t),
-                     _tokens_per_second(t), _memory(t), _last_event(t, now)))
+        rows.append((t["name"], state, str(t.get("pid") or "-"), labels.uptime(t, now),
+                     str(t.get("restarts", 0)), labels.speculation(t), _acceptance(t),
+                     labels.speed(t), labels.memory(t), labels.last_event(t, now)))
     lines = _wrap(_heading(daemon, alive, now), width)
     for gpu in _gpus(daemon) if alive else []:
         lines += _wrap(gpu, width)
@@ -235,17 +172,44 @@ def _on_demand(view: dict[str, Any]) -> list[str]:
         [f"  not loading  {view['load_refused']}"] if view.get("load_refused") else [])
 
 
+def _restart_cost(restart: dict[str, Any] | None) -> str:
+    if not restart:
+        return "restart not timed"
+    if restart.get("beside"):
+        return f"new server ready after {restart['ready_after_s']:.1f} s beside the old: 0 s unserved"
+    return f"restart in place: {restart['unserved_s']:.1f} s unserved"
+
+
+def _why(why: dict[str, Any] | None, now: float) -> list[str]:
+    """Why the tuner runs this setting (GET /v1/targets/{name}/tuning, tuning/evidence.py)."""
+    if not why or not why.get("enabled"):
+        return []
+    lines = ["", f"why this setting: {why.get('summary')}"]
+    baseline = (why.get("baseline") or {}).get("tokens_per_second")
+    points = "  ".join(f"{p['variant'] + ' ' if p.get('variant') else ''}n={p['length']} "
+                       f"{p['speedup']:.2f}x" for p in why.get("measured") or [])
+    lines.append(f"  measured     {points or 'nothing yet'} (speculation off = 1.00x"
+                 + (f", {baseline:.1f} tok/s)" if baseline else ")"))
+    if why.get("start") is not None:
+        lines.append(f"  start        n={why['start']} (the fleet file's length.start)")
+    for d in why.get("decisions") or []:
+        numbers = ", ".join(f"{k} {v}" for k, v in (d.get("numbers") or {}).items())
+        lines.append(f"  {format_duration(now - d['time'])} ago  {d['action']}: {d['reason']}"
+                     + (f" [{numbers}]" if numbers else "") + f"; {_restart_cost(d.get('restart'))}")
+    return lines
+
+
 def render_target(target: dict[str, Any], record: dict[str, Any] | None,
-                  now: float | None = None) -> str:
+                  why: dict[str, Any] | None = None, now: float | None = None) -> str:
     """One target in detail, with the record of what actually ran at its last launch."""
     now = time.time() if now is None else now
-    lines = [f"{target['name']}: {target['state']} ({_last_event(target, now)})",
+    lines = [f"{target['name']}: {target['state']} ({labels.last_event(target, now)})",
              f"  endpoint     {target.get('endpoint')}  backend {target.get('backend')}",
-             f"  pid          {target.get('pid') or '-'}  up {_uptime(target, now)}  "
-             f"restarts {target.get('restarts', 0)}",
-             f"  speculation  {_speculation(target)}  accepted {_acceptance(target)}  "
-             f"tok/s {_tokens_per_second(target)}",
-             f"  memory       {_memory(target)}"]
+             f"  pid          {target.get('pid') or '-'}  up {labels.uptime(target, now)}",
+             f"  restarts     {labels.restarts(target)}",
+             f"  speculation  {labels.speculation(target)}  accepted {_acceptance(target)}  "
+             f"speed {labels.speed(target)}",
+             f"  memory       {labels.memory(target)}"]
     placement = target.get("placement") or {}
     if placement.get("node"):  # launcher: ray
         lines.append(f"  node         {placement['node']}, GPUs there: "
@@ -261,6 +225,7 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
     if warming := (target.get("tuning") or {}).get("warming_tokens_left"):
         lines.append(f"  tuning       the drafter is warming up after its start: judged after "
                      f"{warming} more tokens")
+    lines += _why(why, now)
     if record is None:
         lines.append("  (no run record: the target has not been launched)")
     else:

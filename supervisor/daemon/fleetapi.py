@@ -4,6 +4,7 @@ targets, their plan and reload). It also keeps the status page's list of recent 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +16,9 @@ from supervisor.api.token import read_api_token
 from supervisor.config.schema import Target
 from supervisor.daemon.fleet import FleetSupervisors
 from supervisor.events import Event
+from supervisor.supervision import labels
 from supervisor.supervision.served import Served
+from supervisor.tuning import evidence
 
 
 class FleetApi:
@@ -34,8 +37,11 @@ class FleetApi:
         return await self.targets.reload()
 
     def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
-        return [asdict(s.status()) for n, s in self.targets.supervisors.items()
-                if names is None or n in names]
+        now = time.time()
+        statuses = [asdict(s.status()) for n, s in self.targets.supervisors.items()
+                    if names is None or n in names]
+        # The labels the CLI prints, for the page to show as they are (labels.py).
+        return [{**s, "display": labels.display(s, now)} for s in statuses]
 
     def target_names(self) -> list[str]:
         return list(self.targets.supervisors)
@@ -76,6 +82,16 @@ class FleetApi:
 
     def history(self, name: str, since: float | None = None) -> dict[str, Any]:
         return self.targets.histories.view(name, since)
+
+    def tuning(self, name: str) -> dict[str, Any]:
+        """Why the target runs its setting (tuning/evidence.py); {"enabled": False} untuned."""
+        sup = self.targets.supervisors[name]
+        tuner, target = sup.tuner, sup.target
+        if not tuner.active:
+            return {"target": name, "enabled": False}
+        return {"target": name, "enabled": True, **evidence.why(
+            tuner.memory, length=tuner.draft_length, variant=tuner.variant,
+            start=target.speculation.length.start)}
 
     def log_tail(self, name: str, lines: int) -> list[str]:
         """The last `lines` lines of the target's log file (its runtime's output)."""

@@ -236,7 +236,7 @@ def _take_over(owner: Owner, old: RunningProcess, new: RunningProcess, backend: 
     owner.runtime = plan.runtime
     owner.placement = follow(new, backend, plan.placement)
     record_launch(owner, new, plan.spec)
-    owner.tuner.restart_seconds = loaded_in  # what the next switch will cost (holding.py)
+    owner.tuner.restarted(loaded_in, beside=True)  # what a switch costs (holding.py)
     left = owner.requests.on_route(old_route)
     _emit(owner, f"pid {new.pid} on port {backend.target.port} serves now (ready after "
           f"{loaded_in:.1f}s); pid {old.pid} finishes its {left} request(s) in flight, then "

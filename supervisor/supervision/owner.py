@@ -148,7 +148,7 @@ class TargetSupervisor:
         if self.state == State.LOADING and self.placer is not None:
             self.placer.released(self.name)  # loaded (its memory now shows in NVML), or gone
         if self.state == State.LOADING and new == State.READY and self.started_at:
-            self.tuner.restart_seconds = time.time() - self.started_at  # a restart's cost
+            self.tuner.restarted(time.time() - self.started_at, beside=False)
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
         self.state, self.since, self.last_event = new, event.time, event
         self.loading.state_changed(new)

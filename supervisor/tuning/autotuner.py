@@ -1,11 +1,10 @@
 """AutoTuner: one target's tuning state, between its metrics and its restarts.
 
-It owns the acceptance window, the drift detector and the tuner memory of one
-target. The TargetSupervisor feeds it every metrics sample (`observe`), which may
-return the reason for a restart; the supervisor's owner task then calls
-`apply_pending` just before it restarts the server, and builds the next launch
-from `draft_length` and `speculation_on`. A "keep" decision is applied at once:
-it records a measurement and restarts nothing.
+It owns the acceptance window, the drift detectors and the tuner memory of one target.
+The owner feeds it every metrics sample (`observe`, which may return the reason for a
+restart), calls `apply_pending` just before that restart (the decision goes into the log
+evidence.py shows) and `restarted` once the new server is ready. A "keep" decision records
+a measurement and restarts nothing.
 """
 
 from __future__ import annotations
@@ -17,9 +16,10 @@ from typing import Any
 
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import LENGTHS_BY_LOAD, Backend, MetricsSample, RuntimeInfo
+from supervisor.tuning import evidence
 from supervisor.tuning.by_load import judge_table, tabulate
 from supervisor.tuning.decisions import Action, Bounds, Decision, contradicted, plan
-from supervisor.tuning.drift import PageHinkley
+from supervisor.tuning.drift import PageHinkley, either_drifted
 from supervisor.tuning.holding import Hold, hold, weigh
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
@@ -60,6 +60,7 @@ class AutoTuner:
         # seconds its last start took to become ready (what a restart in place costs).
         self.restart_is_free: Callable[[], bool] = lambda: False
         self.restart_seconds: float | None = None
+        self._unbooked = False  # a decision applied whose restart has not been timed yet
         self._workload_since: float | None = None  # the first sample, or the last drift
         self.features: frozenset[str] = frozenset()  # the runtime build's (preflight)
         self._drifted = False
@@ -172,7 +173,8 @@ class AutoTuner:
         if self._cold_tokens > 0:
             self._warm_up(delta)
         elif (delta is not None and self.speculation_on and not sampled
-              and (drifted := self._drift(delta))):
+              and (drifted := either_drifted(self.drift, self.drafting_drift,
+                                             delta.acceptance_rate, delta.draft_fraction))):
             self._workload_changed(now, *drifted, None, acceptance_rate=rounded(
                 delta.acceptance_rate), draft_fraction=rounded(delta.draft_fraction))
         if sampled:  # seen in the requests themselves, with speculation on or off
@@ -195,6 +197,13 @@ class AutoTuner:
                 return self._pending.reason
         return None
 
+    def restarted(self, seconds: float, beside: bool) -> None:
+        """Ready `seconds` after its start (`beside` the old server): a switch's cost."""
+        self.restart_seconds = seconds
+        if self._unbooked:
+            self._unbooked = False
+            self._remember(evidence.booked(self.memory, seconds, beside))
+
     def holding(self) -> Hold:
         """How long the pending decision waits for an idle server (tuning/holding.py)."""
         gain = self._pending.data.get("predicted_gain") if self._pending else None
@@ -211,17 +220,6 @@ class AutoTuner:
                   window=self.window.stats().to_dict(), **data)
         self._fresh_evidence()
         self._leave_regime(now, left_share)
-
-    def _drift(self, delta: Delta) -> tuple[str, str] | None:
-        """(what drifted, "up" or "down") when the acceptance or the share of steps that
-        carry a draft changed for good; both detectors see every delta."""
-        found = []
-        if delta.acceptance_rate is not None and (d := self.drift.update(delta.acceptance_rate)):
-            found.append(("acceptance", d))
-        if delta.draft_fraction is not None and (
-                d := self.drafting_drift.update(delta.draft_fraction)):
-            found.append(("the share of steps with a draft", d))
-        return found[0] if found else None
 
     def _fresh_evidence(self) -> None:
         """After a change of setting or of workload: the windows and detectors start over."""
@@ -323,10 +321,12 @@ class AutoTuner:
         old = self.bounds().current
         self._remember(decision.memory)
         self.retunes += 1
-        self.emit("tuning", decision.reason, **{
-            **decision.data, "action": decision.action, "old_length": old,
-            "new_length": self.draft_length, "speculation": self.speculation_on,
-            "waited_s": round(self.clock() - self._pending_since, 1)})
+        data = {**decision.data, "action": decision.action, "old_length": old,
+                "new_length": self.draft_length, "speculation": self.speculation_on,
+                "variant": self.variant, "waited_s": round(self.clock() - self._pending_since, 1)}
+        self._remember(evidence.logged(self.memory, decision.reason, data, time.time()))
+        self._unbooked = True  # the restart that follows is this decision's cost
+        self.emit("tuning", decision.reason, **data)
         self._fresh_evidence()
         self._drifted, self._pending, self._pending_sent = False, None, False
 

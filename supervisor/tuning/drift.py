@@ -45,3 +45,16 @@ class PageHinkley:
         if self.down > self.threshold:
             return "down"
         return None
+
+
+def either_drifted(acceptance: PageHinkley, drafting: PageHinkley,
+                   acceptance_rate: float | None,
+                   draft_fraction: float | None) -> tuple[str, str] | None:
+    """(what drifted, "up" or "down") when the acceptance or the share of steps that carry
+    a draft changed for good; both detectors see every observation."""
+    found = []
+    if acceptance_rate is not None and (d := acceptance.update(acceptance_rate)):
+        found.append(("acceptance", d))
+    if draft_fraction is not None and (d := drafting.update(draft_fraction)):
+        found.append(("the share of steps with a draft", d))
+    return found[0] if found else None

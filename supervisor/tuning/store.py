@@ -53,6 +53,8 @@ class TunerMemory:
     # draft sizes: the runtime's and the machine's, kept across regimes and variants and
     # used where a regime has one length measured (tuning/speedup.fit_cost).
     cost_split: list[float] | None = None
+    # The decisions applied, newest last, with what each restart cost (evidence.py).
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def speculation(self) -> bool:
