@@ -31,3 +31,11 @@ def test_the_lock_is_bounded_and_the_right_token_ends_the_run():
     for _ in range(FREE - 1):
         throttle.failed("c", 0.0)
     assert throttle.wait("c", 0.0) == 0  # counting starts again
+
+
+def test_a_run_of_failures_says_once_that_it_starts_to_lock():
+    throttle = LoginThrottle()
+    said = [throttle.failed("c", float(n)) for n in range(FREE + 5)]
+    assert said.count(True) == 1 and said[FREE - 1] is True
+    throttle.succeeded("c")
+    assert [throttle.failed("c", 0.0) for _ in range(FREE)][-1] is True  # a new run

@@ -135,7 +135,14 @@ def test_login_cookie_csrf_and_what_the_pages_read(tmp_path, model, llama_server
     timings = out["timings"]  # what llama-server said about this request
     assert entry["target"] == "alpha" and entry["status"] == 200
     assert entry["completion_tokens"] == timings["predicted_n"] == 24
-    assert entry["prompt_tokens"] == timings["prompt_n"] > 0
+    # The whole prompt, as OpenAI's usage counts it, and again when the runtime's cache
+    # served most of it (timings.prompt_n then counts only what it evaluated).
+    assert entry["prompt_tokens"] == out["usage"]["prompt_tokens"] > 0
+    again = complete(proxy, TOKEN)
+    second = web.json("/v1/requests")["requests"][0]
+    assert second["prompt_tokens"] == again["usage"]["prompt_tokens"] == entry["prompt_tokens"]
+    assert again["timings"]["prompt_n"] < second["prompt_tokens"]
+    assert second["cached_tokens"] == again["timings"]["cache_n"] > 0
     assert entry.get("draft_tokens") == timings.get("draft_n")  # present when it drafted
     assert entry.get("accepted_tokens") == timings.get("draft_n_accepted")
     assert entry["tokens_per_second"] == round(timings["predicted_per_second"], 2)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -47,6 +50,51 @@ def proxy_completion(fleet: Path, model: str) -> dict:
         return json.loads(resp.read())
 
 
+def api_json(api: str, path: str) -> dict:
+    req = urllib.request.Request(f"{api}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def cli_labels(fleet: Path, name: str) -> dict[str, str]:
+    """The labels `specfleet status --target` prints (its fixed layout, statusview.py)."""
+    out = subprocess.run([sys.executable, "-m", "supervisor", "status", str(fleet), "--target",
+                          name], capture_output=True, text=True, timeout=60, check=True).stdout
+    lines = {ln.split()[0]: ln.strip() for ln in out.splitlines()[1:6] if ln.strip()}
+    spec = re.match(r"speculation\s+(.*?)\s+accepted (.*?)\s+speed (.*)$", lines["speculation"])
+    assert spec is not None, out
+    rate, length = spec[2].split(" ", 1) if spec[2] != "-" else ("-", "-")
+    return {"Speculation": spec[1], "Acceptance": rate, "Accepted length": length,
+            "Speed": spec[3], "Memory": lines["memory"].split(None, 1)[1],
+            "Restarts": lines["restarts"].split(None, 1)[1]}
+
+
+def page_labels(page) -> dict[str, str]:
+    return {k: page.locator(f'#facts dd[data-fact="{k}"]').inner_text().replace("–", "-")
+            for k in ("Speculation", "Acceptance", "Accepted length", "Speed", "Memory",
+                      "Restarts")}
+
+
+def same_labels_as_the_cli(page, api: str, fleet: Path, name: str) -> None:
+    """Page, CLI, page: equal once the page did not change across the CLI's read (the
+    monitor's readings move between reads; nothing else runs)."""
+    seen = []
+    for _ in range(10):
+        page.goto(f"{api}/ui#/")
+        page.goto(f"{api}/ui#/target/{name}")
+        page.locator("#facts").wait_for(timeout=10_000)
+        before, cli = page_labels(page), cli_labels(fleet, name)
+        page.reload()
+        page.locator("#facts").wait_for(timeout=10_000)
+        if before == page_labels(page):
+            assert before == cli
+            assert before["Speed"].endswith("tok/s") and before["Memory"].startswith("RSS")
+            return
+        seen.append(before)
+        page.wait_for_timeout(1_000)
+    raise AssertionError(f"the page's labels never held still: {seen}")
+
+
 def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_daemon, browser):
     (tmp_path / "token").write_text(TOKEN)
     fast = {"metrics_interval": "0.5s", "interval": "0.5s", "timeout": "2s", "failures": 4,
@@ -71,6 +119,17 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     page.fill("#token", "wrong")
     page.click("#login")
     assert page.locator(".error").inner_text() == "Wrong token."
+    # A guesser is slowed down: after five wrong tokens in a row, the next try waits.
+    for _ in range(4):
+        page.fill("#token", "wrong")
+        page.click("#login")
+    assert page.locator(".error").inner_text() == "Wrong token."
+    page.fill("#token", TOKEN)
+    page.click("#login")
+    assert page.locator(".error").inner_text().startswith("Too many wrong tokens: try again in")
+    logged = daemon.stderr_path.read_text(errors="replace")
+    assert logged.count("wrong tokens in a row") == 1 and TOKEN not in logged
+    page.wait_for_timeout(2_100)  # the first lock: 2 s
 
     # Logged in: the fleet, live.
     page.fill("#token", TOKEN)
@@ -93,17 +152,15 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     page.locator(f'tr[data-target="chat"] td.pid:text-is("{new_pid}")').wait_for(timeout=10_000)
 
     # Traffic: a request through the proxy (the activity list) and enough to the runtime for
-    # a tuning decision (a mark on the target's charts).
+    # tuning decisions (marks on the target's charts) and a measured speedup (the "why").
     assert proxy_completion(fleet, "coder")["choices"][0]["text"]
-    drive(daemon, "coder", lambda: tuning_events(daemon, "coder"), CODE)
+    drive(daemon, "coder", lambda: (w := api_json(api, "/v1/targets/coder/tuning"))["measured"]
+          and w["decisions"], CODE)
     decision = tuning_events(daemon, "coder")[0]
     wait_for(lambda: daemon.target("coder").get("state") == "ready", 60, "coder back")
 
     def samples_after_the_decision() -> bool:
-        req = urllib.request.Request(f"{api}/v1/targets/coder/history",
-                                     headers={"Authorization": f"Bearer {TOKEN}"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            samples = json.loads(resp.read())["samples"]
+        samples = api_json(api, "/v1/targets/coder/history")["samples"]
         return bool(samples) and samples[-1]["t"] > decision["time"]
     # Traffic on: its counters are read after the decision too (the mark inside the chart).
     assert proxy_completion(fleet, "coder")["choices"][0]["text"]
@@ -113,10 +170,26 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     chart.wait_for(timeout=30_000)
     assert int(chart.get_attribute("data-points") or 0) > 0
     tuning = page.locator('#marks tr[data-kind="tuning"]')
-    assert tuning.count() >= 1 and decision["reason"] in tuning.first.inner_text()
+    assert tuning.count() >= 1 and decision["reason"] in tuning.last.inner_text()
+    # Why this setting: every speedup measured as a bar, the running one marked, each
+    # decision with its reason and what its restart cost (the API's numbers, as they are).
+    why = api_json(api, "/v1/targets/coder/tuning")
+    bars = page.locator("#why rect.bar")
+    assert bars.count() == len(why["measured"]) >= 1
+    assert sorted(float(b.get_attribute("data-speedup")) for b in bars.all()) == \
+        sorted(p["speedup"] for p in why["measured"])
+    assert page.locator("#why-summary").inner_text().startswith(why["summary"])
+    first = page.locator("#decisions tr.decision").last  # newest first: the first decision
+    assert decision["reason"] in first.inner_text() and why["decisions"][0]["cost"] in \
+        first.inner_text()
+    # Units on the axes; a chart with nothing to show says so.
+    assert page.locator('.chart[data-series="acceptance_rate"] h4').inner_text() == \
+        "Acceptance (%)"
+    assert page.evaluate("S.chartBy.tokens_per_second.axes[1].label") == "tok/s"
     # Hovering the decision's line on a chart shows its numbers.
+    chart.scroll_into_view_if_needed()
     x, y = page.evaluate("""(t) => {
-        const u = S.charts[0], box = u.over.getBoundingClientRect();
+        const u = S.chartBy.tokens_per_second, box = u.over.getBoundingClientRect();
         return [box.left + u.valToPos(t, "x"), box.top + box.height / 2]; }""", decision["time"])
     page.mouse.move(x, y)
     tip = page.locator("#tip")
@@ -130,6 +203,41 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     row = page.locator('tr.request[data-target="coder"]')
     row.first.wait_for(timeout=10_000)
     assert "200" in row.first.inner_text()
+
+    # A target without speculation: no "why", and charts that say they have no data.
+    page.goto(f"{api}/ui#/target/chat")
+    page.locator('.chart[data-series="acceptance_rate"] .no-data').wait_for(timeout=10_000)
+    assert "Not tuned" in page.locator("#why").inner_text()
+
+    # The page and `specfleet status` show the same labels for the same target.
+    assert proxy_completion(fleet, "coder")["choices"][0]["text"]
+    same_labels_as_the_cli(page, api, fleet, "coder")
+
+    # A phone: every page fits its width, the fleet as cards with every label on screen.
+    phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
+    phone.context.add_cookies(page.context.cookies())
+    phone.goto(f"{api}/ui#/")
+    phone.locator('tr[data-target="coder"] [data-state="ready"]').wait_for(timeout=30_000)
+    for view in ("#/", "#/target/coder", "#/requests", "#/events", "#/daemon"):
+        phone.goto(f"{api}/ui{view}")
+        phone.wait_for_load_state("networkidle")
+        phone.wait_for_timeout(300)
+        wide = phone.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, f"{view} is {wide} px wide at 390 px"
+        if view == "#/":
+            phone.screenshot(path=str(shots / "ui-phone-fleet.png"), full_page=True)
+        if view == "#/target/coder":
+            phone.screenshot(path=str(shots / "ui-phone-target.png"), full_page=True)
+    phone.goto(f"{api}/ui#/")
+    card = phone.locator('#fleet tr[data-target="coder"]')
+    card.wait_for(timeout=10_000)
+    for label in ("Accepted", "Speed", "Memory", "Restart"):
+        box = card.locator(f'td[data-label="{label}"]').bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, label
+    header, logout = phone.locator("header").bounding_box(), \
+        phone.locator("#logout button").bounding_box()
+    assert header and logout and logout["y"] + logout["height"] <= header["y"] + header["height"]
+    phone.close()
 
     # A bad fleet file reloaded from the page: its problems, with file:line; nothing changes.
     good = fleet.read_text()

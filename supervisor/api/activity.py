@@ -2,9 +2,11 @@
 `GET /v1/requests` (docs/ui.md). Bounded: the last `size` requests, in memory only.
 
 What a request used is read from what the runtime returned at the end of its response,
-as the proxy found it: llama.cpp's `timings`
-(prompt_n, predicted_n, draft_n, draft_n_accepted, predicted_per_second), else the OpenAI
-`usage` block (vLLM; in a stream only when the client asked for it).
+as the proxy found it: the OpenAI `usage` block for the prompt (`prompt_tokens`: the whole
+prompt, as clients count it) and llama.cpp's `timings` for the rest (predicted_n, draft_n,
+draft_n_accepted, predicted_per_second; `cache_n`: prompt tokens served from the cache, for
+which `prompt_n` does not count them). Where `usage` is missing (a stream that did not ask
+for it) the prompt is prompt_n + cache_n.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ def counts(final: Mapping[str, Any] | None) -> dict[str, float]:
         return {}
     found: dict[str, Any] = {}
     if isinstance(timings := final.get("timings"), dict):
-        found = {"prompt_tokens": timings.get("prompt_n"),
+        cached, evaluated = timings.get("cache_n"), timings.get("prompt_n")
+        found = {"prompt_tokens": evaluated + cached if isinstance(evaluated, int)
+                 and isinstance(cached, int) else evaluated,
+                 "cached_tokens": cached,
                  "completion_tokens": timings.get("predicted_n"),
                  "draft_tokens": timings.get("draft_n"),
                  "accepted_tokens": timings.get("draft_n_accepted"),
                  "tokens_per_second": timings.get("predicted_per_second")}
     if isinstance(usage := final.get("usage"), dict):
-        found.setdefault("prompt_tokens", usage.get("prompt_tokens"))
+        if isinstance(usage.get("prompt_tokens"), int):
+            found["prompt_tokens"] = usage["prompt_tokens"]
         found.setdefault("completion_tokens", usage.get("completion_tokens"))
     return {k: v for k, v in found.items() if isinstance(v, int | float)}
 

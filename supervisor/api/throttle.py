@@ -35,11 +35,15 @@ class LoginThrottle:
             return 0.0
         return max(0.0, seen.last + min(MAX_LOCK, 2.0 ** (seen.count - FREE + 1)) - now)
 
-    def failed(self, client: str, now: float) -> None:
+    def failed(self, client: str, now: float) -> bool:
+        """Count a wrong token; True once per run of failures: when it starts to lock (the
+        moment to log it, once, not at every try)."""
         seen = self._clients.get(client)
-        self._clients[client] = _Failures((seen.count if seen else 0) + 1, now)
+        count = (seen.count if seen else 0) + 1
+        self._clients[client] = _Failures(count, now)
         if len(self._clients) > MAX_CLIENTS:
             self._clients = {c: f for c, f in self._clients.items() if now - f.last < FORGET}
+        return count == FREE
 
     def succeeded(self, client: str) -> None:
         self._clients.pop(client, None)

@@ -17,16 +17,18 @@ import math
 import time
 from pathlib import Path
 
+import structlog
 from aiohttp import web
 
 from supervisor.api.auth import CSRF_HEADER, SESSION_COOKIE, Sessions
 from supervisor.api.common import named_target
 from supervisor.api.fleetview import FleetView
-from supervisor.api.throttle import LoginThrottle
+from supervisor.api.throttle import FREE, LoginThrottle
 
 UI_DIR = Path(__file__).parent / "ui"
 LOGIN = "/ui/login"
 FAVICON = "/favicon.ico"
+log = structlog.get_logger("specfleet")
 
 
 class StatusPages:
@@ -76,7 +78,11 @@ class StatusPages:
                                headers={"Retry-After": str(seconds)})
         given = str((await request.post()).get("token", ""))
         if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
-            self.throttle.failed(client, time.monotonic())
+            if self.throttle.failed(client, time.monotonic()):
+                # Once per run of failures, and never the token that was tried.
+                log.warning(f"status page: {FREE} wrong tokens in a row from "
+                            f"{client or 'an unknown address'}; its next tries are slowed down",
+                            client=client)
             return _login_html("Wrong token.", status=401)
         self.throttle.succeeded(client)
         response = _redirect("/ui")

@@ -18,13 +18,13 @@ def _acceptance(target: dict[str, Any]) -> str:
 
 
 def _gpus(daemon: dict[str, Any]) -> list[str]:
-    g = daemon.get("gpus") or {}
-    if g.get("unavailable"):
-        return [f"GPUs: {g['unavailable']}"]
-    return [f"GPU {d['index']} {d['name']}: {labels.size(d['free'])} free of {labels.size(d['total'])}"
-            + (f", {d['utilization']}% busy" if d.get("utilization") is not None else "")
-            + (f", {d['temperature']}°C" if d.get("temperature") is not None else "")
-            for d in g.get("gpus", [])]
+    rows = labels.gpus(daemon)
+    if isinstance(rows, str):
+        return [f"GPUs: {rows}"]
+    return [f"GPU {d['index']} {d['name']}: {d['free']} free of {d['total']}"
+            + (f", {d['utilization']} busy" if d["utilization"] != labels.NONE else "")
+            + (f", {d['temperature']}" if d["temperature"] != labels.NONE else "")
+            for d in rows]
 
 
 COLUMNS = ("TARGET", "STATE", "PID", "UPTIME", "RESTARTS", "SPECULATION", "ACCEPTED", "SPEED",
@@ -67,7 +67,7 @@ def _table(rows: list[tuple[str, ...]], width: int | None) -> list[str]:
 def _heading(daemon: dict[str, Any], alive: bool, now: float) -> str:
     if alive:
         return (f"specfleet {daemon.get('version', '?')} daemon pid {daemon.get('pid')}, "
-                f"up {format_duration(now - daemon.get('started', now))}, "
+                f"up {labels.daemon_display(daemon, now)['uptime']}, "
                 f"fleet {daemon.get('fleet_file')}")
     return (f"specfleet daemon is not running (last status written "
             f"{format_duration(now - daemon.get('updated', now))} ago by pid "
@@ -172,14 +172,6 @@ def _on_demand(view: dict[str, Any]) -> list[str]:
         [f"  not loading  {view['load_refused']}"] if view.get("load_refused") else [])
 
 
-def _restart_cost(restart: dict[str, Any] | None) -> str:
-    if not restart:
-        return "restart not timed"
-    if restart.get("beside"):
-        return f"new server ready after {restart['ready_after_s']:.1f} s beside the old: 0 s unserved"
-    return f"restart in place: {restart['unserved_s']:.1f} s unserved"
-
-
 def _why(why: dict[str, Any] | None, now: float) -> list[str]:
     """Why the tuner runs this setting (GET /v1/targets/{name}/tuning, tuning/evidence.py)."""
     if not why or not why.get("enabled"):
@@ -195,7 +187,7 @@ def _why(why: dict[str, Any] | None, now: float) -> list[str]:
     for d in why.get("decisions") or []:
         numbers = ", ".join(f"{k} {v}" for k, v in (d.get("numbers") or {}).items())
         lines.append(f"  {format_duration(now - d['time'])} ago  {d['action']}: {d['reason']}"
-                     + (f" [{numbers}]" if numbers else "") + f"; {_restart_cost(d.get('restart'))}")
+                     + (f" [{numbers}]" if numbers else "") + f"; {d.get('cost')}")
     return lines
 
 

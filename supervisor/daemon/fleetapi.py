@@ -31,7 +31,8 @@ class FleetApi:
         return str(self.targets.fleet_path)
 
     def daemon_info(self) -> dict[str, Any]:
-        return self.targets.daemon_info()
+        info = self.targets.daemon_info()
+        return {**info, "display": labels.daemon_display(info)}
 
     async def reload(self) -> tuple[bool, list[str]]:
         return await self.targets.reload()

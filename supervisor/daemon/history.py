@@ -21,6 +21,13 @@ from supervisor.atomicfile import LOG_ONLY, StateReport, write_text
 from supervisor.events import Event
 
 SAMPLED = ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "draft_length")
+# How the page labels each chart and its y-axis: the unit and the factor from the sampled
+# value to the shown one (acceptance is sampled as a share, shown as a percentage).
+SERIES = ({"key": "tokens_per_second", "label": "Speed", "unit": "tok/s", "scale": 1},
+          {"key": "acceptance_rate", "label": "Acceptance", "unit": "%", "scale": 100},
+          {"key": "mean_accepted_length", "label": "Mean accepted length",
+           "unit": "tokens/step", "scale": 1},
+          {"key": "draft_length", "label": "Draft length", "unit": "tokens", "scale": 1})
 # Events that become marks on the time axis; state changes only into these states.
 MARK_KINDS = frozenset({"tuning", "load"})
 MARK_STATES = frozenset({"starting", "backoff", "failed", "unloaded", "stopped"})
@@ -96,7 +103,8 @@ class History:
         return self._points[target]
 
     def view(self, target: str, since: float | None = None) -> dict[str, Any]:
-        """{"samples": [{"t", ...quantities}], "marks": [{"t", "kind", "reason", ...}]}"""
+        """{"samples": [{"t", ...quantities}], "marks": [{"t", "kind", "reason", ...}],
+        "series": how each quantity is labelled}"""
         samples, marks = [], []
         for p in self._series(target):
             if since is not None and p["t"] <= since:
@@ -105,7 +113,8 @@ class History:
                 samples.append({"t": p["t"], **p["s"]})
             elif "m" in p:
                 marks.append({"t": p["t"], **p["m"]})
-        return {"target": target, "keep_s": self.keep, "samples": samples, "marks": marks}
+        return {"target": target, "keep_s": self.keep, "series": list(SERIES),
+                "samples": samples, "marks": marks}
 
 
 def _append(path: Path, line: str) -> None:

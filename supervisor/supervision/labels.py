@@ -116,3 +116,22 @@ def display(target: dict[str, Any], now: float | None = None) -> dict[str, str]:
             "acceptance": acceptance(target), "accepted_length": accepted_length(target),
             "speed": speed(target), "memory": memory(target), "restarts": restarts(target),
             "last_event": last_event(target, now)}
+
+
+def gpus(info: dict[str, Any]) -> list[dict[str, str]] | str:
+    """The daemon's GPUs as rows of labels, or why none are read."""
+    g = info.get("gpus") or {}
+    if g.get("unavailable"):
+        return str(g["unavailable"])
+    return [{"index": str(d.get("index")), "name": str(d.get("name")),
+             "free": size(d.get("free")), "total": size(d.get("total")),
+             "utilization": NONE if d.get("utilization") is None else f"{d['utilization']}%",
+             "temperature": NONE if d.get("temperature") is None else f"{d['temperature']} °C"}
+            for d in g.get("gpus", [])]
+
+
+def daemon_display(info: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """The daemon's labels, as the API's `display` block of `daemon` carries them."""
+    now = time.time() if now is None else now
+    started = info.get("started")
+    return {"uptime": format_duration(now - started) if started else NONE, "gpus": gpus(info)}

@@ -43,6 +43,16 @@ def booked(memory: TunerMemory, seconds: float, beside: bool) -> TunerMemory:
     return replace(memory, decisions=[*memory.decisions[:-1], last])
 
 
+def cost(restart: dict[str, Any] | None) -> str:
+    """What a decision's restart cost, in words (the CLI and the page show this)."""
+    if not restart:
+        return "restart not timed (the daemon restarted meanwhile, or it is under way)"
+    if restart.get("beside"):
+        return (f"new server ready after {restart['ready_after_s']:.1f} s beside the old one: "
+                "0 s unserved")
+    return f"restart in place: {restart['unserved_s']:.1f} s unserved"
+
+
 def _running(memory: TunerMemory, length: int | None, variant: str | None) -> dict[str, Any]:
     if memory.phase != SPECULATING:
         return {"speculation": False, "phase": memory.phase, "length": None,
@@ -72,7 +82,8 @@ def why(memory: TunerMemory, *, length: int | None, variant: str | None,
     return {"running": _running(memory, length, variant), "start": start,
             "baseline": {"tokens_per_second": memory.baseline_tps,
                          "by_load": dict(memory.baseline_by_load)},
-            "measured": _points(memory, variant), "decisions": list(memory.decisions),
+            "measured": _points(memory, variant),
+            "decisions": [{**d, "cost": cost(d.get("restart"))} for d in memory.decisions],
             "summary": summary(memory, length, variant)}
 
 

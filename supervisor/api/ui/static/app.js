@@ -28,26 +28,25 @@ async function api(path, options) {
   return { status: resp.status, body };
 }
 
+// Labels come from the API (each target's and the daemon's `display` block), computed once
+// in supervisor/supervision/labels.py for the CLI and this page alike; here only times.
 const fmt = {
   num: (v, d = 2) => (v === null || v === undefined ? "–" : Number(v).toFixed(d)),
-  pct: (v) => (v === null || v === undefined ? "–" : (100 * v).toFixed(1) + " %"),
-  bytes: (n) => (!n ? "–" : n >= 2 ** 30 ? (n / 2 ** 30).toFixed(2) + " GiB" : (n / 2 ** 20).toFixed(0) + " MiB"),
-  ago: (t) => {
-    if (!t) return "–";
-    const s = Math.max(0, Date.now() / 1000 - t);
-    return s < 90 ? s.toFixed(0) + " s" : s < 5400 ? (s / 60).toFixed(0) + " min" : (s / 3600).toFixed(1) + " h";
-  },
   time: (t) => new Date(t * 1000).toLocaleTimeString(),
+  date: (t) => (t ? new Date(t * 1000).toLocaleString() : "–"),
 };
+
+const NONE = "-";
+const show = (v) => (v === undefined || v === null || v === NONE ? "–" : v);
 
 function stateTag(state) { return el("span", { class: `state state-${state}`, "data-state": state }, state); }
 
-function speculation(t) {
-  const s = t.speculation || {};
-  if (!s.method || s.method === "none") return "none";
-  if (s.enabled === false) return `${s.method} (off)`;
-  const n = (t.shown || {}).draft_length ?? s.draft_length;
-  return `${s.method}${s.variant ? " " + s.variant : ""}` + (n !== undefined && n !== null ? ` n=${n}` : "");
+// A table whose rows become labelled cards on a narrow screen (app.css): each cell carries
+// its column's name.
+function table(attrs, headers, rows) {
+  return el("table", attrs, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map(([rowAttrs, cells]) => el("tr", rowAttrs,
+      cells.map((c, i) => { c.dataset.label = headers[i]; return c; })))));
 }
 
 // --- views ---
@@ -56,52 +55,55 @@ const views = {
   async fleet(main) {
     const { body } = await api("/v1/targets");
     const reload = el("button", { class: "act", id: "reload", onclick: doReload }, "Reload fleet file");
-    const rows = (body.targets || []).map((t) => el("tr", { "data-target": t.name },
-      el("td", {}, el("a", { href: `#/target/${encodeURIComponent(t.name)}` }, t.name)),
-      el("td", {}, stateTag(t.state)),
-      el("td", { class: "num pid" }, t.pid ?? "–"),
-      el("td", { class: "num" }, t.started_at && t.pid ? fmt.ago(t.started_at) : "–"),
-      el("td", {}, speculation(t)),
-      el("td", { class: "num" }, fmt.pct((t.shown || {}).acceptance_rate)),
-      el("td", { class: "num" }, fmt.num((t.shown || {}).tokens_per_second, 1)),
-      el("td", { class: "num" }, fmt.bytes((t.resources || {}).vram_bytes || (t.resources || {}).rss_bytes)),
-      el("td", { class: "muted" }, t.last_event ? t.last_event.reason : ""),
-      el("td", {}, el("button", { class: "act restart", onclick: () => doRestart(t.name) }, "Restart")),
-      el("td", { class: "sequence", id: `seq-${t.name}` }, S.sequences?.[t.name] || "")));
+    const rows = (body.targets || []).map((t) => {
+      const d = t.display || {};
+      return [{ "data-target": t.name }, [
+        el("td", { class: "name" }, el("a", { href: `#/target/${encodeURIComponent(t.name)}` }, t.name)),
+        el("td", {}, stateTag(t.state)),
+        el("td", { class: "num pid" }, t.pid ?? "–"),
+        el("td", { class: "num" }, show(d.uptime)),
+        el("td", {}, show(d.speculation)),
+        el("td", { class: "num" }, show(d.acceptance)),
+        el("td", { class: "num" }, show(d.speed)),
+        el("td", { class: "num" }, show(d.memory)),
+        el("td", { class: "muted" }, t.last_event ? t.last_event.reason : ""),
+        el("td", { class: "actions" }, el("button", { class: "act restart", onclick: () => doRestart(t.name) }, "Restart"),
+          el("span", { class: "sequence", id: `seq-${t.name}` }, S.sequences?.[t.name] || ""))]];
+    });
     main.replaceChildren(
-      el("h2", {}, "Fleet ", el("span", { class: "muted" }, body.daemon ? body.daemon.fleet_file || "" : "")),
+      el("h2", {}, "Fleet ", el("span", { class: "muted path", id: "fleet-file" }, body.daemon ? body.daemon.fleet_file || "" : "")),
       el("div", { class: "toolbar" }, reload, el("span", { id: "reload-result" }, S.reloadNote || "")),
       S.problems ? el("div", { class: "problems", id: "problems" }, S.problems) : "",
-      el("table", { id: "fleet" }, el("thead", {}, el("tr", {}, ["Target", "State", "PID", "Up",
-        "Speculation", "Accepted", "Tok/s", "Memory", "Last event", "", "Restart progress"].map((h) => el("th", {}, h)))),
-      el("tbody", {}, rows)));
+      rows.length ? table({ id: "fleet", class: "cards" }, ["Target", "State", "PID", "Up", "Speculation", "Accepted",
+        "Speed", "Memory", "Last event", "Restart"], rows) : el("p", { class: "empty" }, "No targets in the fleet file."));
   },
 
   async target(main, name) {
-    const [{ body: t }, { body: hist }, { body: reqs }] = await Promise.all([
-      api(`/v1/targets/${encodeURIComponent(name)}`),
-      api(`/v1/targets/${encodeURIComponent(name)}/history`),
-      api("/v1/requests?limit=200")]);
+    const path = `/v1/targets/${encodeURIComponent(name)}`;
+    const [{ body: t }, { body: hist }, { body: reqs }, { body: why }] = await Promise.all([
+      api(path), api(`${path}/history`), api("/v1/requests?limit=200"), api(`${path}/tuning`)]);
     if (!t.name) { main.replaceChildren(el("p", { class: "empty" }, `No target ${name}.`)); return; }
-    const facts = el("dl", { class: "facts" },
-      ...[["State", stateTag(t.state)], ["PID", t.pid ?? "–"], ["Endpoint", t.endpoint],
-        ["Model", t.model], ["Speculation", speculation(t)],
-        ["Acceptance", fmt.pct((t.shown || {}).acceptance_rate)],
-        ["Tokens/s", fmt.num((t.shown || {}).tokens_per_second, 1)],
-        ["Restarts", `${t.restarts} by the restart policy; ${JSON.stringify(t.restarts_by_reason || {})}`],
-        ["Last event", t.last_event ? t.last_event.reason : "–"]].flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    const d = t.display || {};
+    const facts = el("dl", { class: "facts", id: "facts" },
+      ...[["State", stateTag(t.state)], ["PID", t.pid ?? "–"], ["Up", show(d.uptime)], ["Endpoint", t.endpoint],
+        ["Model", t.model], ["Speculation", show(d.speculation)], ["Acceptance", show(d.acceptance)],
+        ["Accepted length", show(d.accepted_length)], ["Speed", show(d.speed)], ["Memory", show(d.memory)],
+        ["Restarts", show(d.restarts)], ["Last event", show(d.last_event)]]
+        .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-fact": k }, v)]));
     const charts = el("div", { class: "charts", id: "charts" });
     const marks = hist.marks || [];
-    const markRows = marks.slice(-50).reverse().map((m) => el("tr", { class: "mark", "data-kind": m.kind },
+    const markRows = marks.slice(-50).reverse().map((m) => [{ class: "mark", "data-kind": m.kind }, [
       el("td", {}, fmt.time(m.t)), el("td", {}, m.kind + (m.state ? " → " + m.state : "")),
-      el("td", {}, m.reason), el("td", { class: "muted" }, numbers(m.data))));
+      el("td", {}, m.reason), el("td", { class: "muted" }, numbers(m.data))]]);
     const log = el("pre", { class: "log", id: "log" }, "…");
     main.replaceChildren(el("h2", {}, name), facts,
       el("div", { class: "toolbar" }, el("button", { class: "act restart", onclick: () => doRestart(name) }, "Restart"),
         el("span", { class: "sequence", id: `seq-${name}` }, S.sequences?.[name] || "")),
+      el("h3", {}, "Why this setting"), whyView(why),
       el("h3", {}, "History"), charts,
       el("h3", {}, "Restarts and decisions"),
-      marks.length ? el("table", { id: "marks" }, el("tbody", {}, markRows)) : el("p", { class: "empty" }, "None yet."),
+      markRows.length ? table({ id: "marks", class: "cards" }, ["Time", "What", "Reason", "Numbers"], markRows)
+        : el("p", { class: "empty" }, "None yet."),
       el("h3", {}, "Requests"), requestsTable((reqs.requests || []).filter((r) => r.target === name)),
       el("h3", {}, "Log"), log);
     drawCharts(charts, hist);
@@ -115,29 +117,98 @@ const views = {
   },
 
   async events(main) {
-    const rows = S.events.slice().reverse().map((e) => el("tr", {},
+    const rows = S.events.slice().reverse().map((e) => [{}, [
       el("td", {}, fmt.time(e.time)), el("td", {}, e.target), el("td", {}, e.kind),
-      el("td", {}, e.old ? `${e.old} → ${e.new}` : ""), el("td", {}, e.reason)));
+      el("td", {}, e.old ? `${e.old} → ${e.new}` : ""), el("td", {}, e.reason)]]);
     main.replaceChildren(el("h2", {}, "Events (since this page was opened)"),
-      rows.length ? el("table", { id: "events" }, el("tbody", {}, rows)) : el("p", { class: "empty" }, "None yet."));
+      rows.length ? table({ id: "events", class: "cards" }, ["Time", "Target", "Kind", "Change", "Reason"], rows)
+        : el("p", { class: "empty" }, "None yet."));
   },
 
   async daemon(main) {
     const { body } = await api("/v1/targets");
     const d = body.daemon || {};
+    const shown = d.display || {};
     const rejected = d.rejected_reload;
     const applied = d.last_reload;
+    const facts = [["Status", d.status], ["Version", d.version], ["PID", d.pid], ["Up", show(shown.uptime)],
+      ["Started", fmt.date(d.started)], ["Process created", fmt.date(d.create_time)],
+      ["Status written", fmt.date(d.updated)], ["Fleet file", d.fleet_file], ["State directory", d.state_dir],
+      ["API", d.api], ["Proxy", d.proxy || "off"]];
+    const gpus = shown.gpus;
     main.replaceChildren(el("h2", {}, "Daemon"),
-      el("dl", { class: "facts", id: "daemon" }, ...Object.entries(d)
-        .filter(([k]) => k !== "rejected_reload" && k !== "last_reload")
-        .flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))])),
+      el("dl", { class: "facts", id: "daemon" }, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-fact": k }, show(v))])),
+      el("h3", {}, "GPUs"),
+      Array.isArray(gpus) && gpus.length ? table({ id: "gpus", class: "cards" }, ["GPU", "Name", "Free", "Total", "Busy", "Temperature"],
+        gpus.map((g) => [{}, [g.index, g.name, g.free, g.total, g.utilization, g.temperature].map((v) => el("td", {}, show(v)))]))
+        : el("p", { class: "empty", id: "gpus" }, typeof gpus === "string" ? gpus : "No GPU."),
       el("h3", {}, "Last reload"),
-      el("p", {}, applied ? `applied at ${fmt.time(applied.time)}: added ${applied.added.join(", ") || "none"}, ` +
+      el("p", {}, applied ? `applied at ${fmt.date(applied.time)}: added ${applied.added.join(", ") || "none"}, ` +
         `removed ${applied.removed.join(", ") || "none"}, changed ${applied.changed.join(", ") || "none"}` : "none since the daemon started"),
-      rejected ? el("div", { class: "problems" }, `rejected at ${fmt.time(rejected.time)}:\n` + rejected.problems.join("\n"))
+      rejected ? el("div", { class: "problems" }, `rejected at ${fmt.date(rejected.time)}:\n` + rejected.problems.join("\n"))
         : el("p", { class: "ok" }, "No rejected reload."));
   },
 };
+
+// --- why this setting: the tuner's evidence (GET /v1/targets/{name}/tuning) ---
+
+function whyView(why) {
+  if (!why || !why.enabled) return el("p", { class: "empty", id: "why" }, "Not tuned: no speculation, or tuning is off for this target.");
+  const decisions = (why.decisions || []).slice().reverse().map((x) => [{ class: "decision", "data-action": x.action }, [
+    el("td", {}, fmt.date(x.time)), el("td", {}, x.action), el("td", {}, x.reason),
+    el("td", { class: "muted" }, Object.entries(x.numbers || {}).map(([k, v]) => `${k} ${v}`).join(", ")),
+    el("td", {}, x.cost)]]);
+  const baseline = (why.baseline || {}).tokens_per_second;
+  return el("div", { class: "why", id: "why" },
+    el("p", { class: "summary", id: "why-summary" }, why.summary,
+      baseline ? el("span", { class: "muted" }, ` Speculation off: ${fmt.num(baseline, 1)} tok/s.`) : ""),
+    el("div", { class: "why-grid" },
+      el("div", { class: "chart why-chart" }, el("h4", {}, "Speedup over speculation off, by setting measured"), speedupChart(why)),
+      decisions.length ? table({ id: "decisions", class: "cards" }, ["When", "Decision", "Reason", "Numbers", "What the restart cost"], decisions)
+        : el("p", { class: "empty", id: "decisions" }, "No decision yet.")));
+}
+
+// One bar per setting measured, the running one filled, the fleet file's start marked, the
+// line of speculation off at 1.0×. SVG with a viewBox: it fills its card at any width.
+function speedupChart(why) {
+  const points = why.measured || [];
+  if (!points.length) return el("p", { class: "empty" }, "No data yet.");
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = (tag, attrs, text) => {
+    const n = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    if (text !== undefined) n.textContent = text;
+    return n;
+  };
+  const W = 600, H = 240, L = 48, B = 40, T = 12;
+  const top = Math.max(1.2, ...points.map((p) => p.speedup)) * 1.1;
+  const y = (v) => T + (H - T - B) * (1 - v / top);
+  const slot = Math.min((W - L - 8) / points.length, 110);
+  const x0 = L + (W - L - 8 - slot * points.length) / 2;  // few bars: centred, not stretched
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "speedup", role: "img", "aria-label": "speedup by setting" });
+  for (const v of [0, 0.5, 1, 1.5, 2, 2.5, 3, 4].filter((v) => v < top)) {
+    root.append(svg("line", { x1: L, x2: W - 8, y1: y(v), y2: y(v), class: "grid" }),
+      svg("text", { x: L - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, `${v}×`));
+  }
+  const running = why.running || {};
+  points.forEach((p, i) => {
+    const isRunning = running.speculation && p.length === running.length && (p.variant || null) === (running.variant || null);
+    const x = x0 + i * slot + slot * 0.15;
+    const bar = svg("rect", { x, y: y(p.speedup), width: slot * 0.7, height: y(0) - y(p.speedup),
+      class: "bar" + (isRunning ? " running" : ""), "data-length": p.length, "data-speedup": p.speedup });
+    bar.append(svg("title", {}, `${p.variant ? p.variant + " " : ""}n=${p.length}: ${p.speedup}× speculation off` +
+      Object.entries(p.by_load || {}).map(([b, v]) => `\n  at ${b} running: ${v}×`).join("")));
+    const label = `${p.variant && p.variant !== running.variant ? p.variant + " " : ""}n=${p.length}`;
+    root.append(bar, svg("text", { x: x + slot * 0.35, y: y(p.speedup) - 4, class: "value", "text-anchor": "middle" }, `${p.speedup.toFixed(2)}×`),
+      svg("text", { x: x + slot * 0.35, y: H - B + 16, class: "tick", "text-anchor": "middle" }, label));
+    const notes = [isRunning ? "running" : "",
+      p.length === why.start && (p.variant || null) === (running.variant || null) ? "start" : ""].filter(Boolean);
+    if (notes.length) root.append(svg("text", { x: x + slot * 0.35, y: H - B + 32, class: "note", "text-anchor": "middle" }, notes.join(", ")));
+  });
+  root.append(svg("line", { x1: L, x2: W - 8, y1: y(1), y2: y(1), class: "off" }),
+    svg("text", { x: W - 10, y: y(1) - 4, class: "off-label", "text-anchor": "end" }, "speculation off = 1.0×"));
+  return root;
+}
 
 // A decision's numbers in a line: its scalar values and those of its evidence (the
 // per-position arrays stay in the API's JSON).
@@ -153,39 +224,57 @@ function numbers(data) {
 
 function requestsTable(list) {
   if (!list.length) return el("p", { class: "empty" }, "No requests yet.");
-  return el("table", { class: "requests" }, el("thead", {}, el("tr", {}, ["Time", "Target", "Status",
-    "Prompt", "Generated", "Drafted", "Accepted", "Tok/s", "Duration"].map((h) => el("th", {}, h)))),
-  el("tbody", {}, list.map((r) => el("tr", { class: "request", "data-target": r.target },
+  const tokens = (v) => el("td", { class: "num" }, v ?? "–");
+  return table({ class: "requests cards" }, ["Time", "Target", "Status", "Prompt tokens", "Generated", "Drafted",
+    "Accepted", "Speed", "Duration"], list.map((r) => [{ class: "request", "data-target": r.target }, [
     el("td", {}, fmt.time(r.time)), el("td", {}, r.target), el("td", { class: "num" }, r.status),
-    el("td", { class: "num" }, r.prompt_tokens ?? "–"), el("td", { class: "num" }, r.completion_tokens ?? "–"),
-    el("td", { class: "num" }, r.draft_tokens ?? "–"), el("td", { class: "num" }, r.accepted_tokens ?? "–"),
-    el("td", { class: "num" }, fmt.num(r.tokens_per_second, 1)), el("td", { class: "num" }, fmt.num(r.duration_s, 2) + " s")))));
+    el("td", { class: "num", title: "the whole prompt (OpenAI usage.prompt_tokens); cached: served from the runtime's prompt cache" },
+      r.prompt_tokens ?? "–", r.cached_tokens ? el("span", { class: "muted" }, ` (${r.cached_tokens} cached)`) : ""),
+    tokens(r.completion_tokens), tokens(r.draft_tokens), tokens(r.accepted_tokens),
+    el("td", { class: "num" }, r.tokens_per_second ? `${fmt.num(r.tokens_per_second, 1)} tok/s` : "–"),
+    el("td", { class: "num" }, fmt.num(r.duration_s, 2) + " s")]]));
 }
 
 // --- charts: uPlot, with restarts and decisions as vertical lines (hover: their numbers) ---
-
-const SERIES = [["tokens_per_second", "Tokens/s"], ["acceptance_rate", "Acceptance rate"],
-  ["mean_accepted_length", "Mean accepted length"], ["draft_length", "Draft length"]];
+// Each chart fills its card and follows its width; its y-axis carries the unit the history's
+// `series` gives (acceptance: a share sampled, a percentage shown).
 
 function drawCharts(box, hist) {
-  S.charts.forEach((c) => c.destroy());
+  S.charts.forEach((c) => c.chart.destroy());
+  S.charts.forEach((c) => c.observer.disconnect());
   S.charts = [];
+  S.chartBy = {};
   const samples = hist.samples || [];
-  if (!samples.length) { box.append(el("p", { class: "empty", id: "no-history" }, "No readings yet.")); return; }
   const xs = samples.map((s) => s.t);
-  for (const [key, label] of SERIES) {
-    const host = el("div", { class: "chart", "data-series": key }, el("h4", {}, label));
+  for (const series of hist.series || []) {
+    const host = el("div", { class: "chart", "data-series": series.key }, el("h4", {}, `${series.label} (${series.unit})`));
     box.append(host);
-    const data = [xs, samples.map((s) => s[key] ?? null)];
-    const chart = new uPlot({
-      width: 440, height: 180, legend: { show: false },
-      series: [{}, { label, stroke: "#2563eb", width: 1.5, spanGaps: true }],
-      axes: [{}, { size: 50 }],
-      plugins: [marksPlugin(hist.marks || [])],
-    }, data, host);
-    host.dataset.points = String(samples.filter((s) => s[key] !== null && s[key] !== undefined).length);
-    S.charts.push(chart);
+    const ys = samples.map((s) => (s[series.key] === null || s[series.key] === undefined ? null : s[series.key] * series.scale));
+    const points = ys.filter((v) => v !== null).length;
+    host.dataset.points = String(points);
+    if (!points) { host.append(el("p", { class: "empty no-data" }, "No data yet.")); continue; }
+    mountChart(host, series, [xs, ys], hist.marks || []);
   }
+}
+
+function mountChart(host, series, data, marks) {
+  const width = () => Math.max(200, host.clientWidth - 16);
+  const unit = series.unit === "%" ? "%" : "";
+  // Shares from 0 to 100 %; other quantities from 0, so that a flat line reads as flat.
+  const range = series.unit === "%" ? [0, 100] : (u, min, max) => [0, max > 0 ? max * 1.1 : 1];
+  const chart = new uPlot({
+    width: width(), height: 180, legend: { show: false }, scales: { y: { range } },
+    series: [{}, { label: series.label, stroke: "#2563eb", width: 1.5, spanGaps: true }],
+    axes: [{ space: 90 }, { size: 56, label: series.unit, labelSize: 16,
+      values: (u, ticks) => ticks.map((v) => `${+v.toFixed(2)}${unit}`) }],
+    plugins: [marksPlugin(marks)],
+  }, data, host);
+  const observer = new ResizeObserver(() => {
+    if (Math.abs(chart.width - width()) > 2) chart.setSize({ width: width(), height: 180 });
+  });
+  observer.observe(host);
+  S.charts.push({ chart, observer });
+  S.chartBy[series.key] = chart;
 }
 
 function marksPlugin(marks) {
@@ -213,7 +302,7 @@ function marksPlugin(marks) {
         const rect = u.over.getBoundingClientRect();
         tip.textContent = `${fmt.time(near.t)} ${near.kind}${near.state ? " → " + near.state : ""}\n${near.reason}` +
           (near.data ? "\n" + numbers(near.data) : "");
-        tip.style.left = `${rect.left + left + 12}px`;
+        tip.style.left = `${Math.min(rect.left + left + 12, window.innerWidth - tip.offsetWidth - 8)}px`;
         tip.style.top = `${rect.top + (u.cursor.top || 0) + 12}px`;
         tip.hidden = false;
       }],
