@@ -3,6 +3,7 @@ once, steady mixed traffic through the proxy, faults drawn from a seed, and the 
 checked all along (docs/reliability.md, "The soak").
 
     .venv/bin/python benchmarks/soak.py --minutes 120 --seed 1 [--out soak-run1.json]
+    [--each-first] [--result PATH]   (tests/test_soak.py: 10 minutes, every fault kind)
 
 The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the model, which
 a fault makes unreadable) always run as child processes; `box` runs in a podman container
@@ -85,7 +86,7 @@ class Soak:
         self.traffic = Traffic("127.0.0.1", fleet.proxy_port,
                                fleet.always + ([fleet.container] if fleet.container else [])
                                + fleet.on_demand, args.clients, fleet.hold, args.seed, fleet.up)
-        self.faults = Faults(fleet, args.seed)
+        self.faults = Faults(fleet, args.seed, each_first=args.each_first)
         self.records: list[dict[str, Any]] = []
         self.orphans: list[str] = []
         self.mismatches: list[str] = []
@@ -168,6 +169,7 @@ class Soak:
                 "orphans": self.orphans + [f"at the end: {x}" for x in left],
                 "mismatches": self.mismatches, "state_files": state,
                 "poll_errors": self.poll_errors[:50], "resources": slopes,
+                "rss_mb_by_daemon": self.resources.series(),
                 "by_target": {t: dict(c) for t, c in self.traffic.by_target.items()},
                 "container": self.fleet.container is not None,
                 "state_dir_full": self.fleet.full_dir is not None}
@@ -180,6 +182,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--clients", type=int, default=6, help="at most this many at once (6)")
     ap.add_argument("--out", default=None, help="a file name under benchmarks/results/")
+    ap.add_argument("--result", default=None, help="write the result to this path instead")
+    ap.add_argument("--each-first", action="store_true",
+                    help="every fault kind once first, in an order drawn from the seed")
     ap.add_argument("--no-container", action="store_true")
     args = ap.parse_args()
     def progress(msg: str) -> None:
@@ -194,8 +199,9 @@ def main() -> int:
             result = Soak(SoakFleet(work, binary, model, image, full_dir), args).run()
     result.update(cpu=cpu_model(), seed=args.seed, minutes=args.minutes,
                   command=" ".join(sys.argv))
-    if args.out:
-        (REPO / "benchmarks" / "results" / args.out).write_text(json.dumps(result, indent=1))
+    if args.out or args.result:
+        path = Path(args.result) if args.result else REPO / "benchmarks" / "results" / args.out
+        path.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))
     return 0 if result["summary"]["held"] else 1
 

@@ -139,3 +139,16 @@ class DaemonResources:
             out[f"{key}_per_hour"] = None if s is None else round(s, 2)
         out["rss_mb_last"] = round(rows[-1][1]["rss_mb"], 1) if rows else None
         return out
+
+    def series(self, every: float = 60.0) -> dict[str, list[list[float]]]:
+        """Each incarnation's RSS, a reading a minute ([seconds since its first, MB]): what a
+        slope came from, kept in the result so that growth can be told from a step."""
+        out = {}
+        for pid, rows in self.samples.items():
+            kept, last = [], None
+            for t, v in rows:
+                if last is None or t - last >= every:
+                    kept.append([round(t - rows[0][0], 1), round(v["rss_mb"], 2)])
+                    last = t
+            out[str(pid)] = kept
+        return out

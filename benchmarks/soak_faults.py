@@ -63,10 +63,13 @@ def ready_again(fleet: Soaked, name: str, old_pid: int | None) -> Callable[[], b
 
 
 class Faults:
-    def __init__(self, fleet: Soaked, seed: int) -> None:
+    def __init__(self, fleet: Soaked, seed: int, each_first: bool = False) -> None:
         self.fleet = fleet
         self.rand = random.Random(seed)
         self.available = [f for f in WEIGHTS if self._applies(f)]
+        # Every kind once, in an order drawn from the seed, before the weighted draws (a
+        # short run then still does each of them).
+        self.first = self.rand.sample(self.available, len(self.available)) if each_first else []
 
     def _applies(self, fault: str) -> bool:
         if fault == "kill_container":
@@ -77,7 +80,8 @@ class Faults:
 
     def next(self) -> tuple[str, str]:
         """The next fault and its target, drawn from the seed (a run can be replayed)."""
-        fault = self.rand.choices(self.available, [WEIGHTS[f] for f in self.available])[0]
+        fault = self.first.pop(0) if self.first else \
+            self.rand.choices(self.available, [WEIGHTS[f] for f in self.available])[0]
         runtime_targets = self.fleet.always + ([self.fleet.container]
                                                if self.fleet.container else [])
         if fault == "kill_container":

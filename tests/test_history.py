@@ -3,6 +3,7 @@ disk for the next daemon, marks only for what matters."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from supervisor.daemon.history import History
@@ -57,3 +58,35 @@ def test_the_file_is_rewritten_from_memory_when_it_doubles_and_torn_lines_are_sk
     reread = History(tmp_path, max_points=10, clock=clock).view("t")["samples"]
     assert [s["tokens_per_second"] for s in reread] == [float(i) for i in range(15, 25)]
     assert all(json.loads(line) for line in lines)
+
+
+def test_compact_samples_keep_order_values_and_bounds_across_cutbacks():
+    from supervisor.daemon.samples import COMPACT_AFTER, Samples
+
+    s = Samples(("a", "n"), max_points=3 * COMPACT_AFTER, integral=frozenset({"n"}))
+    for i in range(10 * COMPACT_AFTER):
+        s.append(float(i), {"a": i / 2 if i % 3 else None, "n": i})
+    assert len(s) == 3 * COMPACT_AFTER  # the oldest went as new ones came
+    got = list(s)
+    assert got[0][0] == 7 * COMPACT_AFTER and got[-2] == (10 * COMPACT_AFTER - 2.0, {
+        "a": (10 * COMPACT_AFTER - 2) / 2, "n": 10 * COMPACT_AFTER - 2})
+    assert all(t2 == t1 + 1 for (t1, _), (t2, _) in itertools.pairwise(got))
+    assert got[2][1]["a"] is None and isinstance(got[0][1]["n"], int)
+    s.drop_before(10 * COMPACT_AFTER - 5.0)
+    assert [t for t, _ in s] == [10 * COMPACT_AFTER - k for k in (5.0, 4.0, 3.0, 2.0, 1.0)]
+
+
+def test_a_rewrite_keeps_samples_and_marks_in_time_order(tmp_path):
+    clock = Clock()
+    h = History(tmp_path, max_points=4, clock=clock)
+    for i in range(12):
+        clock.now += 1
+        if i % 2:
+            h.mark(Event("t", "tuning", f"decision {i}", time=clock.now))
+        else:
+            h.sample("t", {"draft_length": i, "tokens_per_second": 1.5 * i})
+    times = [json.loads(line)["t"] for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert times == sorted(times)
+    view = History(tmp_path, max_points=4, clock=clock).view("t")
+    assert [s["draft_length"] for s in view["samples"]] == [4, 6, 8, 10]
+    assert [m["reason"] for m in view["marks"]] == [f"decision {i}" for i in (5, 7, 9, 11)]

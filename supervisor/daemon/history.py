@@ -2,15 +2,17 @@
 acceptance rate, mean accepted length, draft length) at every new reading of its counters,
 and marks for what happened (starts, crashes, loads and unloads, tuning decisions).
 
-Bounded twice: `keep` seconds (24 h) and `max_points` per target, in memory and in
-<state_dir>/history/<target>.jsonl, which is appended to and rewritten from memory when
-it has grown to twice what is kept. A line that cannot be written (a full disk) is
-reported to `report`, never raised; a line that cannot be read is skipped.
+Bounded twice: `keep` seconds (24 h) and `max_points` samples and as many marks per target,
+in memory (samples in compact columns: samples.py) and in <state_dir>/history/<target>.jsonl,
+which is appended to and rewritten from memory when it has grown to twice what is kept. A
+line that cannot be written (a full disk) is reported to `report`, never raised; a line that
+cannot be read is skipped.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.atomicfile import LOG_ONLY, StateReport, write_text
+from supervisor.daemon.samples import Samples
 from supervisor.events import Event
 
 SAMPLED = ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "draft_length")
@@ -42,7 +45,8 @@ class History:
         self.max_points = max_points
         self.report = report
         self.clock = clock
-        self._points: dict[str, collections.deque[dict[str, Any]]] = {}
+        self._samples: dict[str, Samples] = {}
+        self._marks: dict[str, collections.deque[dict[str, Any]]] = {}
         self._written: dict[str, int] = {}  # lines in each file since it was last rewritten
 
     # --- recording ---
@@ -69,9 +73,12 @@ class History:
         self._add(event.target, {"t": round(event.time, 3), "m": mark})
 
     def _add(self, target: str, point: dict[str, Any]) -> None:
-        points = self._series(target)
-        points.append(point)
-        self._trim(points)
+        self._load(target)
+        if "s" in point:
+            self._samples[target].append(point["t"], point["s"])
+        else:
+            self._marks[target].append(point)
+        self._trim(target)
         path = self._path(target)
         line = json.dumps(point) + "\n"
         if self._written.get(target, 0) + 1 > 2 * self.max_points:
@@ -79,40 +86,52 @@ class History:
         elif self.report.attempt(path.name, lambda: _append(path, line)):
             self._written[target] = self._written.get(target, 0) + 1
 
-    def _rewrite(self, target: str) -> None:
-        write_text(self._path(target), "".join(json.dumps(p) + "\n"
-                                               for p in self._series(target)))
-        self._written[target] = len(self._series(target))
+    def _points(self, target: str) -> list[dict[str, Any]]:
+        """Samples and marks as the file holds them, in time order."""
+        samples = ({"t": t, "s": values} for t, values in self._samples[target])
+        return list(heapq.merge(samples, self._marks[target], key=lambda p: p["t"]))
 
-    def _trim(self, points: collections.deque[dict[str, Any]]) -> None:
+    def _rewrite(self, target: str) -> None:
+        points = self._points(target)
+        write_text(self._path(target), "".join(json.dumps(p) + "\n" for p in points))
+        self._written[target] = len(points)
+
+    def _trim(self, target: str) -> None:
         oldest = self.clock() - self.keep
-        while points and points[0]["t"] < oldest:
-            points.popleft()
+        self._samples[target].drop_before(oldest)
+        marks = self._marks[target]
+        while marks and marks[0]["t"] < oldest:
+            marks.popleft()
 
     # --- reading ---
 
     def _path(self, target: str) -> Path:
         return self.directory / f"{target}.jsonl"
 
-    def _series(self, target: str) -> collections.deque[dict[str, Any]]:
-        if target not in self._points:
-            self._points[target] = points = collections.deque(maxlen=self.max_points)
-            points.extend(_read(self._path(target)))
-            self._trim(points)
-            self._written[target] = len(points)
-        return self._points[target]
+    def _load(self, target: str) -> None:
+        """The target's history from its file, the first time it is asked for."""
+        if target in self._samples:
+            return
+        self._samples[target] = samples = Samples(SAMPLED, self.max_points,
+                                                  integral=frozenset({"draft_length"}))
+        self._marks[target] = marks = collections.deque(maxlen=self.max_points)
+        read = _read(self._path(target))
+        for p in read:
+            if isinstance(p.get("s"), dict):
+                samples.append(p["t"], p["s"])
+            elif isinstance(p.get("m"), dict):
+                marks.append(p)
+        self._trim(target)
+        self._written[target] = len(read)
 
     def view(self, target: str, since: float | None = None) -> dict[str, Any]:
         """{"samples": [{"t", ...quantities}], "marks": [{"t", "kind", "reason", ...}],
         "series": how each quantity is labelled}"""
-        samples, marks = [], []
-        for p in self._series(target):
-            if since is not None and p["t"] <= since:
-                continue
-            if "s" in p:
-                samples.append({"t": p["t"], **p["s"]})
-            elif "m" in p:
-                marks.append({"t": p["t"], **p["m"]})
+        self._load(target)
+        samples = [{"t": t, **values} for t, values in self._samples[target]
+                   if since is None or t > since]
+        marks = [{"t": p["t"], **p["m"]} for p in self._marks[target]
+                 if since is None or p["t"] > since]
         return {"target": target, "keep_s": self.keep, "series": list(SERIES),
                 "samples": samples, "marks": marks}
 
