@@ -4,6 +4,7 @@ of the daemon, leftover units removed, exit semantics, the journal, the watchdog
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -51,12 +52,17 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path, model, llama_serve
     assert done.returncode == 0, done.stderr
     files = sorted(p.name for p in out.iterdir())
     assert files == ["specfleet-child.service", "specfleet-ngram.service",
-                     "specfleet-plain.service", "specfleet.service"]
+                     "specfleet-plain.service", "specfleet.service", "specfleet.socket"]
     verify = subprocess.run(["systemd-analyze", "verify", *map(str, out.iterdir())],
                             capture_output=True, text=True, check=False)
     assert verify.returncode == 0 and verify.stderr.strip() == "", verify.stderr
     daemon_unit = (out / "specfleet.service").read_text()
     assert "Type=notify" in daemon_unit and "WatchdogSec=30s" in daemon_unit
+    assert "Requires=specfleet.socket" in daemon_unit
+    api, proxy = (yaml.safe_load(fleet.read_text())["daemon"][k] for k in ("api", "proxy"))
+    socket_unit = (out / "specfleet.socket").read_text()
+    assert f"ListenStream={api}" in socket_unit
+    assert f"ListenStream={proxy['listen']}" in socket_unit
     ngram = (out / "specfleet-ngram.service").read_text()
     assert "s3cret-value" not in ngram  # the key lives in a 0600 file, never the unit
     assert f"EnvironmentFile={tmp_path}/state/units-env/ngram.env" in ngram
@@ -208,8 +214,10 @@ def test_the_shipped_daemon_unit_template_passes_systemd_analyze_verify(tmp_path
                             str(Path(sys.executable).parent / "specfleet"))
     unit = tmp_path / "specfleet.service"
     unit.write_text(here)
-    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
-                            text=True, check=False)
+    socket_unit = tmp_path / "specfleet.socket"
+    socket_unit.write_text((REPO / "systemd" / "specfleet.socket").read_text())
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit), str(socket_unit)],
+                            capture_output=True, text=True, check=False)
     assert verify.returncode == 0 and verify.stderr.strip() == "", verify.stderr
 
 
@@ -237,3 +245,74 @@ def test_the_unit_of_a_swapping_target_left_by_a_killed_daemon_is_stopped_at_the
     assert any("stopped specfleet-lazy.service, left running by an earlier daemon" in e["reason"]
                for e in second.events("lazy")), second.events("lazy")
     wait_for(lambda: runtime_pids(str(tmp_path)) == [], 30, "no server left")
+
+
+def test_under_the_socket_unit_a_daemon_restart_refuses_no_connection(
+        tmp_path, model, llama_server_bin, lab):
+    """`systemctl restart specfleet` with specfleet.socket: systemd holds the proxy's
+    socket, so requests made while no daemon runs wait and are answered (issue 30, item 5)."""
+    import threading
+    import time
+
+    fleet = fleet_of(tmp_path, {"chat": llama_target(model, llama_server_bin)})
+    proxy = "http://" + yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"]
+    done = lab.run(sys.executable, "-m", "supervisor", "units", "install", str(fleet))
+    assert done.returncode == 0 and "specfleet.socket specfleet" in done.stdout, done.stderr
+    started = lab.run("systemctl", "start", "specfleet.socket", "specfleet.service")
+    assert started.returncode == 0, started.stderr
+    status = tmp_path / "state" / "status.json"
+
+    def chat() -> dict:
+        with contextlib.suppress(OSError, ValueError):
+            return next(t for t in json.loads(status.read_text())["targets"]
+                        if t["name"] == "chat")
+        return {}
+    wait_for(lambda: chat().get("state") == "ready", 90, "chat ready under the unit")
+    outcomes: list[tuple[float, str]] = []  # (sent at, 200 or what went wrong)
+    stop = threading.Event()
+
+    def ask(path: str, body: bytes | None) -> None:
+        sent = time.monotonic()
+        req = urllib.request.Request(proxy + path, body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                answer = json.loads(resp.read())
+            ok = "chat" in json.dumps(answer)  # models: its list; completions: its model
+            outcomes.append((sent, "200" if ok else f"200 without chat: {answer}"))
+        except Exception as exc:  # a refused or reset connection is what this test is about
+            outcomes.append((sent, repr(exc)))
+
+    def completions() -> None:
+        body = json.dumps({"model": "chat", "prompt": "Once upon a time", "max_tokens": 8,
+                           "temperature": 0}).encode()
+        while not stop.is_set():
+            ask("/v1/completions", body)
+
+    def probes() -> None:  # a new connection every 0.2 s, whatever the others wait for
+        while not stop.is_set():
+            threading.Thread(target=ask, args=("/v1/models", None), daemon=True).start()
+            time.sleep(0.2)
+    workers = [threading.Thread(target=completions), threading.Thread(target=completions),
+               threading.Thread(target=probes)]
+    for w in workers:
+        w.start()
+    old_pid = lab.show("specfleet.service", "MainPID")
+    time.sleep(3)
+    restart_began = time.monotonic()
+    restarted = lab.run("systemctl", "restart", "specfleet.service")
+    restart_ended = time.monotonic()
+    assert restarted.returncode == 0, restarted.stderr
+    assert lab.show("specfleet.service", "MainPID") != old_pid
+    wait_for(lambda: chat().get("state") == "ready", 90, "chat ready after the restart")
+    time.sleep(3)
+    stop.set()
+    for w in workers:
+        w.join(150)
+    time.sleep(1)
+    failed = [o for o in outcomes if o[1] != "200"]
+    assert failed == [], failed[:5]
+    during = [o for o in outcomes if restart_began <= o[0] <= restart_ended]
+    # Sent while the old daemon stopped and the new one started, each answered.
+    assert len(during) >= 5, (len(during), restart_ended - restart_began)
+    journal = lab.run("journalctl", "-u", "specfleet.service", "--no-pager").stdout
+    assert "sockets from systemd" in journal

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -15,12 +16,16 @@ def json_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-async def serve(app: web.Application, address: str) -> web.AppRunner:
-    """Listen on HOST:PORT; the runner's cleanup() stops it."""
+async def serve(app: web.Application, address: str,
+                sock: socket.socket | None = None) -> web.AppRunner:
+    """Listen on HOST:PORT, or on `sock` (handed over by systemd: listening.py); the
+    runner's cleanup() stops it."""
     host, _, port = address.rpartition(":")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+    site = web.SockSite(runner, sock) if sock is not None else \
+        web.TCPSite(runner, host.strip("[]"), int(port))
+    await site.start()
     return runner
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from typing import Any
 
@@ -38,6 +39,8 @@ class Proxy:
         self._under_way = 0  # requests being answered (waiting for a target, or relayed)
         self._idle = asyncio.Event()
         self._idle.set()
+        self._fleet = asyncio.Event()  # the daemon's targets are known (expect_fleet)
+        self._fleet.set()
         self._session: aiohttp.ClientSession | None = None
         self.app = web.Application(middlewares=[errors_as_json,
                                                 auth_middleware(fleet.api_token, set())],
@@ -46,7 +49,21 @@ class Proxy:
         self.app.router.add_post("/v1/chat/completions", self.forward)
         self.app.router.add_post("/v1/completions", self.forward)
 
-    async def start(self, address: str) -> None:
+    def expect_fleet(self) -> None:
+        """Listening starts before the daemon has added its targets: until `fleet_added`,
+        a request waits (within `hold`) instead of finding no target of its name. That
+        matters where connections were waiting in systemd's socket across a restart."""
+        self._fleet.clear()
+
+    def fleet_added(self) -> None:
+        self._fleet.set()
+
+    async def _fleet_known(self) -> None:
+        if not self._fleet.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fleet.wait(), self.hold)
+
+    async def start(self, address: str, sock: socket.socket | None = None) -> None:
         # Connections to the runtimes are reused (saves ~0.3 ms per request): llama-server
         # b11434 serves requests beyond its n_parallel+4 fixed HTTP threads with dynamic
         # ones, so idle pooled connections do not starve it. Closed after 4 s idle, before
@@ -54,7 +71,7 @@ class Proxy:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
-        self._runner = await serve(self.app, address)
+        self._runner = await serve(self.app, address, sock)
 
     async def drain(self, timeout: float) -> tuple[int, int]:
         """A planned stop: the listening sockets close (new connections are refused), then
@@ -76,6 +93,7 @@ class Proxy:
             await self._session.close()
 
     async def models(self, request: web.Request) -> web.Response:
+        await self._fleet_known()
         data = []
         for name in self.fleet.target_names():
             if (target := self.fleet.served_target(name)) is not None:
@@ -101,6 +119,7 @@ class Proxy:
             return json_error(400, "the request body is not JSON")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return json_error(400, "the request needs a \"model\" (a target name)")
+        await self._fleet_known()
         target = named_target(self.fleet, body["model"])
         upstream_model = target.upstream_model()
         if upstream_model is not None and upstream_model != body["model"]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -46,8 +47,8 @@ class ApiServer:
         StatusPages(fleet, self.sessions).add_routes(self.app)
         self._metrics = registry_for(fleet)
 
-    async def start(self, address: str) -> None:
-        self._runner = await serve(self.app, address)
+    async def start(self, address: str, sock: socket.socket | None = None) -> None:
+        self._runner = await serve(self.app, address, sock)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -67,5 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(reload())
     scope = "--user " if launcher.user else ""
-    print(f"systemd reloaded; start the daemon with: systemctl {scope}enable --now specfleet")
+    units = "specfleet.socket specfleet" if "specfleet.socket" in files else "specfleet"
+    print(f"systemd reloaded; start the daemon with: systemctl {scope}enable --now {units}")
     return 0

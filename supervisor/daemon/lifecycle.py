@@ -22,6 +22,7 @@ import aiohttp
 import psutil
 
 from supervisor import __version__
+from supervisor.api import listening
 from supervisor.api.proxy import Proxy
 from supervisor.api.server import ApiServer
 from supervisor.config.loader import LoadedFleet
@@ -127,6 +128,7 @@ class Daemon:
         await self.targets.discard_left_running()
         for target in self.fleet.targets.values():
             self.targets.add(target)
+        self.proxy.fleet_added()
         # The first reconcile is done: every target is started, adopted or refused.
         # Models may still be loading; READY=1 does not wait for them (minutes).
         await asyncio.sleep(0)
@@ -238,17 +240,25 @@ class Daemon:
         if settings.api_token is not None and not settings.api_token.read("daemon.api_token"):
             raise SpecfleetError("daemon.api_token is empty: set the token (the API and the "
                                  "proxy would refuse every request)")
+        handed = listening.inherited()  # under specfleet.socket: systemd's sockets
+        count = len(handed)
+        self.proxy.expect_fleet()
         try:
-            await self.api.start(settings.api)
+            await self.api.start(settings.api, listening.take(handed, settings.api))
             if settings.proxy.enabled:
-                await self.proxy.start(settings.proxy.listen)
+                await self.proxy.start(settings.proxy.listen,
+                                       listening.take(handed, settings.proxy.listen))
         except OSError as exc:
             raise SpecfleetError(f"cannot listen: {exc.strerror or exc} (daemon.api "
                                  f"{settings.api}, daemon.proxy.listen {settings.proxy.listen})"
                                  ) from exc
+        for sock in handed:
+            self.log.warning("a socket from systemd matches neither daemon.api nor "
+                             "daemon.proxy.listen: closed", address=str(sock.getsockname()))
+            sock.close()
         self.emit("daemon", f"API on http://{settings.api}" + (
             f", OpenAI-compatible proxy on http://{settings.proxy.listen}/v1"
-            if settings.proxy.enabled else ""))
+            if settings.proxy.enabled else "") + (" (sockets from systemd)" if count else ""))
 
     def daemon_info(self) -> dict[str, Any]:
         settings = self.settings

@@ -10,11 +10,14 @@ every user) and never the command line.
 The daemon's unit: `Type=notify` (READY=1 once the fleet's first reconcile is done),
 `WatchdogSec=` (WATCHDOG=1 is sent from the event loop, so a blocked loop gets the daemon
 restarted), `Restart=on-failure`, `KillMode=mixed` (SIGTERM to the daemon alone, so it stops
-its process-launcher children in order; systemd's SIGKILL reaches any that remain).
+its process-launcher children in order; systemd's SIGKILL reaches any that remain). With
+`specfleet.socket` beside it (`Requires=`), systemd holds the API's and the proxy's listening
+sockets across the daemon's restarts (api/listening.py).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import sys
 from collections.abc import Mapping
@@ -24,6 +27,7 @@ from supervisor.plugin.values import LaunchSpec
 
 UNIT_PREFIX = "specfleet-"
 DAEMON_UNIT = "specfleet.service"
+SOCKET_UNIT = "specfleet.socket"
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 
@@ -92,8 +96,34 @@ def render_env_file(spec: LaunchSpec) -> str:
     return "\n".join(out) + "\n"
 
 
+def listen_stream(address: str) -> str | None:
+    """HOST:PORT as systemd's ListenStream= takes it; None for a host name (systemd binds
+    addresses only)."""
+    host, _, port = address.rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def render_socket(addresses: list[str]) -> str:
+    """specfleet.socket: the daemon's listening sockets (ListenStream= each), held by systemd
+    so that connections made while the daemon restarts wait instead of being refused."""
+    lines = ["# Written by `specfleet units`. systemd holds these sockets and hands them to",
+             "# each specfleet.service it starts: a connection made while the daemon restarts",
+             "# waits in the backlog. A connection while the service is stopped starts it;",
+             "# stop both (systemctl stop specfleet.socket specfleet) to stop for good.",
+             "[Unit]", "Description=specfleet: the API's and the proxy's listening sockets",
+             "", "[Socket]"]
+    lines += [f"ListenStream={a}" for a in addresses]
+    lines += ["", "[Install]", "WantedBy=sockets.target", ""]
+    return "\n".join(lines)
+
+
 def render_daemon(fleet_file: Path, *, watchdog: float, python: str | None = None,
-                  user: bool = False, environment: Mapping[str, str] | None = None) -> str:
+                  user: bool = False, environment: Mapping[str, str] | None = None,
+                  socket: bool = False) -> str:
     exec_start = [python or sys.executable, "-m", "supervisor", "run", str(fleet_file),
                   "--json-logs"]
     lines = [
@@ -101,8 +131,9 @@ def render_daemon(fleet_file: Path, *, watchdog: float, python: str | None = Non
         "[Unit]",
         "Description=specfleet: supervisor of speculative-decoding LLM servers",
         "Documentation=https://github.com/specfleet/specfleet",
-        "After=network-online.target",
+        "After=network-online.target" + (f" {SOCKET_UNIT}" if socket else ""),
         "Wants=network-online.target",
+        *([f"Requires={SOCKET_UNIT}"] if socket else []),
         "",
         "[Service]",
         "Type=notify",

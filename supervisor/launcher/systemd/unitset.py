@@ -23,8 +23,7 @@ def unit_files(fleet_path: Path, fleet: Fleet, registry: Registry, *, user: bool
     if user:
         settings = settings.model_copy(update={"scope": "user"})
     launcher = SystemdLauncher(settings, Path(fleet.daemon.state_dir).expanduser())
-    files = {unitfile.DAEMON_UNIT: unitfile.render_daemon(fleet_path, watchdog=settings.watchdog,
-                                                    user=launcher.user)}
+    files = daemon_units(fleet_path, fleet, user=launcher.user)
     for target in fleet.targets.values():
         if target.launcher == "container":
             continue  # Quadlet units, or why not: quadlet_files
@@ -41,6 +40,22 @@ def unit_files(fleet_path: Path, fleet: Fleet, registry: Registry, *, user: bool
     if every_target:
         files.update(quadlet_files(fleet, registry))
     return launcher, files
+
+
+def daemon_units(fleet_path: Path, fleet: Fleet, *, user: bool) -> dict[str, str]:
+    """specfleet.service and, where every listener is an IP address, specfleet.socket."""
+    daemon = fleet.daemon
+    listeners = [daemon.api] + ([daemon.proxy.listen] if daemon.proxy.enabled else [])
+    streams = [unitfile.listen_stream(a) for a in listeners]
+    bound = all(s is not None for s in streams)
+    if not bound:
+        print(f"(not written: {unitfile.SOCKET_UNIT}: systemd listens on IP addresses only, "
+              f"and {', '.join(listeners)} names a host)")
+    files = {unitfile.DAEMON_UNIT: unitfile.render_daemon(
+        fleet_path, watchdog=daemon.systemd.watchdog, user=user, socket=bound)}
+    if bound:
+        files[unitfile.SOCKET_UNIT] = unitfile.render_socket([s for s in streams if s])
+    return files
 
 
 def quadlet_files(fleet: Fleet, registry: Registry) -> dict[str, str]:
