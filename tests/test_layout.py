@@ -80,7 +80,7 @@ def test_the_project_has_no_import_cycle_counting_package_inits():
 LAYERS = (
     ("supervisor", "supervisor.errors", "supervisor.atomicfile", "supervisor.events"),
     ("supervisor.config",),
-    ("supervisor.models",),
+    ("supervisor.models", "supervisor.registry"),
     ("supervisor.gpu",),
     ("supervisor.plugin",),
     ("supervisor.launcher", "supervisor.tuning", "plugins"),
@@ -178,8 +178,8 @@ def test_supervisor_has_about_a_dozen_entries_one_per_concern():
     entries = sorted(p.name for p in (REPO / "supervisor").iterdir()
                      if p.name != "__pycache__" and not p.name.startswith("__"))
     assert entries == ["api", "atomicfile.py", "bench", "cli", "config", "daemon", "errors.py",
-                       "events.py", "gpu", "launcher", "models", "plugin", "supervision",
-                       "tuning"]
+                       "events.py", "gpu", "launcher", "models", "plugin", "registry",
+                       "supervision", "tuning"]
 
 
 def test_built_in_plugins_import_only_the_public_plugin_path():

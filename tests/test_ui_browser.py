@@ -228,6 +228,24 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
             phone.screenshot(path=str(shots / "ui-phone-fleet.png"), full_page=True)
         if view == "#/target/coder":
             phone.screenshot(path=str(shots / "ui-phone-target.png"), full_page=True)
+            # Words stay whole in the marks' cards ("daemon started" once broke into
+            # "dae / mon / start / ed"): its text lies on one line.
+            lines = phone.evaluate("""() => {
+                const cell = [...document.querySelectorAll('#marks td[data-label="Reason"]')]
+                    .find((td) => td.textContent === "daemon started");
+                const range = document.createRange(); range.selectNodeContents(cell);
+                return range.getClientRects().length; }""")
+            assert lines == 1
+            # Each chart fills its card (it was a fixed 440 px).
+            widths = phone.evaluate("""() => [...document.querySelectorAll('.chart[data-series]')]
+                .filter((c) => c.querySelector('canvas'))
+                .map((c) => [c.clientWidth, c.querySelector('canvas').getBoundingClientRect().width])""")
+            assert widths and all(card - 16 - 2 <= canvas <= card for card, canvas in widths), widths
+        if view == "#/daemon":
+            facts = phone.locator("#daemon").inner_text()
+            assert str(fleet) in facts and not re.search(r"\b\d{10}\.\d+\b", facts), facts
+            gpus = phone.locator("#gpus").inner_text()  # a table, or why there is none
+            assert "{" not in gpus and gpus.strip(), gpus
     phone.goto(f"{api}/ui#/")
     card = phone.locator('#fleet tr[data-target="coder"]')
     card.wait_for(timeout=10_000)
@@ -275,4 +293,6 @@ def test_the_page_keeps_working_while_events_stream(tmp_path, model, llama_serve
     urllib.request.urlopen(urllib.request.Request(f"{api}/v1/targets/solo/restart", b"",
                                                   method="POST"), timeout=30).close()
     page.locator("#events").filter(has_text="ready").wait_for(timeout=60_000)
+    assert page.locator("#events th").all_inner_texts() == ["Time", "Target", "Kind", "Change",
+                                                             "Reason"]
     assert not done.is_set()  # no script errors
