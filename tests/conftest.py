@@ -25,7 +25,7 @@ from supervisor.plugin import assemble_example_model, assemble_pair
 REPO = Path(__file__).resolve().parent.parent
 # The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests;
 # ray_cluster: a real local Ray cluster (head and two workers) for launcher: ray.
-pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster"]
+pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster", "tests.oci_registry"]
 
 
 @pytest.fixture(scope="session")
