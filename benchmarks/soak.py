@@ -18,8 +18,9 @@ Invariants, reported with counts: every request answered (200, or 502/503 with a
 cut streams counted apart); no runtime left over after each daemon kill and at the end;
 the daemon's RSS, open files and threads flat (slope per hour); each target's state in
 status.json is its last state event; tuning.json and the run records readable; every
-fault recovered within its bound. The exit status is 0 when all held. The systemd
-launcher is left out: it needs the daemon inside tests/systemd_lab.py's namespaces.
+fault recovered within its bound. The exit status is 0 when all held. With `--systemd`
+(root) a target `unit` runs with launcher: systemd under a real systemd manager
+(tests/systemd_lab.py), and the daemon runs inside its namespaces.
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ def small_state_dir(work: Path):
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
+@contextlib.contextmanager
+def systemd_lab(work: Path, wanted: bool):
+    """A real systemd manager for the systemd target (started after the state dir's tmpfs
+    is mounted, so that its namespace sees it), stopped at the very end."""
+    if not wanted:
+        yield None
+        return
+    from tests.systemd_lab import Lab
+    lab = Lab(work / "sdlab")
+    try:
+        yield lab
+    finally:
+        lab.stop()
+
+
 class Soak:
     def __init__(self, fleet: SoakFleet, args: argparse.Namespace) -> None:
         self.fleet, self.args = fleet, args
@@ -125,13 +141,18 @@ class Soak:
         self.mismatches += checks.status_matches_events(Path(fleet.state_dir))
         time.sleep(2)
         left = [f"pid {p}" for p in checks.runtimes_of(str(fleet.work))]
-        left += checks.containers_of(fleet.state_dir)  # stop_targets_on_exit: none may be left
+        left += checks.containers_of(fleet.state_dir, fleet.podman())  # none may be left
+        if fleet.lab is not None:  # the systemd target's unit, stopped with the daemon
+            state = fleet.lab.show("specfleet-unit.service", "ActiveState")
+            left += [f"unit specfleet-unit.service {state}"] if state in ("active", "activating",
+                                                                          "deactivating") else []
         return self.result(code, left)
 
     def _sample(self) -> None:
         proc = self.fleet.proc
         if proc is not None and proc.poll() is None:
-            self.resources.sample(proc.pid, time.time())
+            with contextlib.suppress(RuntimeError):  # a daemon just killed
+                self.resources.sample(self.fleet.daemon_pid(), time.time())
 
     def _check_orphans(self, after: str) -> None:
         """Runtimes no target owns, twice 15 s apart: an old server still draining after a
@@ -172,6 +193,7 @@ class Soak:
                 "rss_mb_by_daemon": self.resources.series(),
                 "by_target": {t: dict(c) for t, c in self.traffic.by_target.items()},
                 "container": self.fleet.container is not None,
+                "systemd": self.fleet.lab is not None,
                 "state_dir_full": self.fleet.full_dir is not None}
 
 
@@ -186,6 +208,9 @@ def main() -> int:
     ap.add_argument("--each-first", action="store_true",
                     help="every fault kind once first, in an order drawn from the seed")
     ap.add_argument("--no-container", action="store_true")
+    ap.add_argument("--systemd", action="store_true",
+                    help="a target with launcher: systemd too; the daemon then runs inside a "
+                         "real systemd manager's namespaces (tests/systemd_lab.py; root)")
     args = ap.parse_args()
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr)
@@ -195,8 +220,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="specfleet-soak-") as tmp:
         work = Path(tmp)
         image = None if args.no_container else container_image(binary, work)
-        with small_state_dir(work) as full_dir:
-            result = Soak(SoakFleet(work, binary, model, image, full_dir), args).run()
+        with small_state_dir(work) as full_dir, systemd_lab(work, args.systemd) as lab:
+            result = Soak(SoakFleet(work, binary, model, image, full_dir, lab), args).run()
     result.update(cpu=cpu_model(), seed=args.seed, minutes=args.minutes,
                   command=" ".join(sys.argv))
     if args.out or args.result:

@@ -22,10 +22,11 @@ def runtimes_of(marker: str) -> dict[int, str]:
     return out
 
 
-def containers_of(state_dir: str) -> list[str]:
-    """Containers labelled with the soak daemon's state dir (running or not)."""
+def containers_of(state_dir: str, podman: list[str] | None = None) -> list[str]:
+    """Containers labelled with the soak daemon's state dir (running or not); `podman`: its
+    argv where the daemon runs."""
     try:
-        out = subprocess.run(["podman", "ps", "-a", "--filter",
+        out = subprocess.run([*(podman or ["podman"]), "ps", "-a", "--filter",
                               f"label=io.specfleet.daemon={state_dir}", "--format",
                               "{{.Names}} {{.State}}"], capture_output=True, text=True,
                              timeout=60, check=False).stdout

@@ -43,6 +43,7 @@ class Soaked(Protocol):
     def daemon_block(self) -> dict[str, Any]: ...
     def model_of(self, name: str) -> str: ...
     def container_name(self, name: str) -> str: ...
+    def podman(self, *args: str) -> list[str]: ...
 
 
 def until(predicate: Callable[[], Any], bound: float, started: float) -> float | None:
@@ -131,7 +132,7 @@ class Faults:
         pid = self.fleet.target(name).get("pid")
         if self.fleet.target(name).get("state") != "ready":
             return 0.0, "skipped: not ready"
-        subprocess.run(["podman", "kill", self.fleet.container_name(name)],
+        subprocess.run(self.fleet.podman("kill", self.fleet.container_name(name)),
                        capture_output=True, timeout=60, check=False)
         return until(ready_again(self.fleet, name, pid), BOUNDS["kill_container"], started), \
             "podman kill"

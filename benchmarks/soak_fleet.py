@@ -4,7 +4,9 @@ checks read through the API; and the poller that asks what an open status page a
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from benchmarks.serverproc import free_port, http
@@ -34,7 +37,11 @@ class SoakFleet:
     """The soak's fleet file and daemon; what soak_faults.Faults acts through."""
 
     def __init__(self, work: Path, binary: str, model: str, image: str | None,
-                 full_dir: str | None) -> None:
+                 full_dir: str | None, lab: Any = None) -> None:
+        # lab: a tests.systemd_lab.Lab, for a target with launcher: systemd. The daemon then
+        # runs inside the lab's namespaces; pids in its status are the lab's, translated to
+        # this side's before any fault or check uses them (host_pid).
+        self.lab = lab
         self.work, self.fleet_path = work, work / "fleet.yaml"
         self.state_dir = full_dir or str(work / "state")
         self.full_dir = full_dir
@@ -64,6 +71,10 @@ class SoakFleet:
                               "speculation": {"method": "ngram"}}
             del targets["box"]["binary"]
             self.container = "box"
+        if lab is not None:
+            targets["unit"] = {**common(), "model": model, "port": free_port(),
+                               "launcher": "systemd"}
+            self.always.append("unit")
         for name in ("od-a", "od-b", "od-c"):
             targets[name] = {**common(), "model": model, "port": free_port(),
                              "start": "on_demand", "idle_unload": "45s", "min_residency": "5s"}
@@ -76,6 +87,7 @@ class SoakFleet:
         self.doc["daemon"]["gpu"] = {"memory": [self._two_of_three_fit()], "headroom": 0}
         self.write_raw_fleet(None)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._daemon_pid: int | None = None
         self.up = threading.Event()
         self.incarnations: list[int] = []
 
@@ -93,11 +105,12 @@ class SoakFleet:
 
     def start_daemon(self) -> None:
         log = (self.work / "daemon.log").open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run",
-                                      str(self.fleet_path), "--json-logs"], cwd=REPO,
+        argv = [sys.executable, "-m", "supervisor", "run", str(self.fleet_path), "--json-logs"]
+        self.proc = subprocess.Popen(self.lab.ns(*argv) if self.lab else argv, cwd=REPO,
                                      stdout=subprocess.DEVNULL, stderr=log,
                                      stdin=subprocess.DEVNULL)
-        self.incarnations.append(self.proc.pid)
+        self._daemon_pid = None
+        self.incarnations.append(self.daemon_pid())
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -111,17 +124,32 @@ class SoakFleet:
             time.sleep(0.2)
         raise RuntimeError("the daemon's API did not answer within 60 s")
 
+    def daemon_pid(self) -> int:
+        """The daemon's pid on this side: the process itself, or in the lab nsenter's child."""
+        assert self.proc is not None
+        if self.lab is None:
+            return self.proc.pid
+        deadline = time.monotonic() + 10
+        while self._daemon_pid is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.Error):
+                children = psutil.Process(self.proc.pid).children()
+                self._daemon_pid = children[0].pid if children else None
+            time.sleep(0.05)
+        if self._daemon_pid is None:
+            raise RuntimeError("the daemon did not start inside the systemd lab")
+        return self._daemon_pid
+
     def kill_daemon(self) -> None:
         assert self.proc is not None
         self.up.clear()
-        self.proc.send_signal(signal.SIGKILL)
+        os.kill(self.daemon_pid(), signal.SIGKILL)
         self.proc.wait(30)
 
     def stop_daemon(self) -> int:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.up.clear()
-        self.proc.send_signal(signal.SIGTERM)
+        os.kill(self.daemon_pid(), signal.SIGTERM)
         try:
             return self.proc.wait(180)
         except subprocess.TimeoutExpired:
@@ -129,14 +157,32 @@ class SoakFleet:
             return -9
 
     def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
+        os.kill(self.daemon_pid(), sig)
+
+    def host_pid(self, pid: int) -> int | None:
+        """This side's pid of the process the lab's daemon calls `pid` (its NSpid)."""
+        if self.lab is None:
+            return pid
+        lab_ns = os.readlink(f"/proc/{self.lab.pid}/ns/pid")
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(OSError):
+                host = proc.info["pid"]
+                if os.readlink(f"/proc/{host}/ns/pid") != lab_ns:
+                    continue
+                for line in Path(f"/proc/{host}/status").read_text().splitlines():
+                    if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
+                        return host
+        return None
 
     # --- what faults and checks read and change ---
 
     def status(self) -> dict[str, Any]:
         code, body = http(f"http://{self.api_addr}/v1/targets", timeout=5)
-        return json.loads(body) if code == 200 else {}
+        status = json.loads(body) if code == 200 else {}
+        for t in status.get("targets", []) if self.lab is not None else []:
+            if t.get("pid"):  # the lab's pid: never to be signalled from here as it is
+                t["pid"] = self.host_pid(t["pid"])
+        return status
 
     def target(self, name: str) -> dict[str, Any]:
         return next((t for t in self.status().get("targets", []) if t["name"] == name), {})
@@ -163,6 +209,10 @@ class SoakFleet:
 
     def container_name(self, name: str) -> str:
         return container_name(name, self.state_dir)
+
+    def podman(self, *args: str) -> list[str]:
+        """podman's argv, run where the daemon runs (its containers' pids are the lab's)."""
+        return self.lab.ns("podman", *args) if self.lab is not None else ["podman", *args]
 
 
 def poll_like_a_browser(fleet: SoakFleet, stop: threading.Event, errors: list[str]) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +273,21 @@ def test_status_shows_loading_on_demand_for_targets_that_use_it():
     always = {**view, "start": "always", "idle_unload": None}
     assert "on demand" not in statusview.render_target(target("a", "ready", 7, on_demand=always),
                                                        None, now=NOW)
+
+
+def test_a_fleet_file_given_relative_is_shown_by_its_absolute_path(tmp_path):
+    fleet = write_fleet(tmp_path, {})
+    daemon = subprocess.Popen([sys.executable, "-m", "supervisor", "run", fleet.name],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    status = tmp_path / "state" / "status.json"
+    try:
+        for _ in range(300):
+            if status.exists() and json.loads(status.read_text() or "{}").get("daemon"):
+                break
+            time.sleep(0.1)
+        shown = json.loads(status.read_text())["daemon"]["fleet_file"]
+    finally:
+        daemon.terminate()
+        daemon.communicate(timeout=30)
+    assert shown == str(fleet) and Path(shown).is_absolute()
