@@ -219,7 +219,12 @@ def main() -> int:
     model = str(assemble_example_model(progress=progress))
     with tempfile.TemporaryDirectory(prefix="specfleet-soak-") as tmp:
         work = Path(tmp)
-        image = None if args.no_container else container_image(binary, work)
+        if args.systemd and not args.no_container:
+            # podman cannot run inside the lab here: runc finds no pids controller in the
+            # lab's cgroup subtree (this host's pids controller is on cgroup v1).
+            print("soak: --systemd: no container target (podman does not run inside the "
+                  "systemd lab on this machine)", file=sys.stderr)
+        image = None if args.no_container or args.systemd else container_image(binary, work)
         with small_state_dir(work) as full_dir, systemd_lab(work, args.systemd) as lab:
             result = Soak(SoakFleet(work, binary, model, image, full_dir, lab), args).run()
     result.update(cpu=cpu_model(), seed=args.seed, minutes=args.minutes,
