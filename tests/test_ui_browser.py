@@ -87,8 +87,9 @@ def same_labels_as_the_cli(page, api: str, fleet: Path, name: str) -> None:
         page.reload()
         page.locator("#facts").wait_for(timeout=10_000)
         if before == page_labels(page):
+            # Each shows what the other does, "-" included (a retune may just have
+            # restarted the server: then neither has a speed yet).
             assert before == cli
-            assert before["Speed"].endswith("tok/s") and before["Memory"].startswith("RSS")
             return
         seen.append(before)
         page.wait_for_timeout(1_000)
