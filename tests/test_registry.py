@@ -207,7 +207,7 @@ def test_a_tag_remembers_its_last_digest_for_a_start_while_the_registry_is_down(
         store.put_json(D, raw)
 
 
-def test_credentials_come_from_docker_config_a_helper_or_nowhere(tmp_path):
+def test_credentials_come_from_docker_config_a_helper_or_nowhere(tmp_path, monkeypatch):
     auth = base64.b64encode(b"alice:s3cret").decode()
     (tmp_path / "config.json").write_text(json.dumps({"auths": {"reg.example.com": {
         "auth": auth}}, "credHelpers": {"helped.example.com": "fake"}}))
@@ -217,13 +217,9 @@ def test_credentials_come_from_docker_config_a_helper_or_nowhere(tmp_path):
                       '\\"Secret\\": \\"for-$host\\"}"\n')
     helper.chmod(helper.stat().st_mode | stat.S_IEXEC)
     env = {"DOCKER_CONFIG": str(tmp_path), "PATH": f"{helper.parent}:{os.environ['PATH']}"}
-    old = os.environ["PATH"]
-    os.environ["PATH"] = env["PATH"]  # the helper is found on PATH, as docker finds it
-    try:
-        found = credentials.lookup("reg.example.com", env)
-        helped = credentials.lookup("helped.example.com", env)
-    finally:
-        os.environ["PATH"] = old
+    monkeypatch.setenv("PATH", env["PATH"])  # the helper is found on PATH, as docker finds it
+    found = credentials.lookup("reg.example.com", env)
+    helped = credentials.lookup("helped.example.com", env)
     assert (found.username, found.secret) == ("alice", "s3cret") and "s3cret" not in repr(found)
     assert (helped.username, helped.secret) == ("bob", "for-helped.example.com")
     assert credentials.lookup("other.example.com", env) is None
