@@ -11,10 +11,12 @@ falls back to the restart in place, saying why.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from supervisor.plugin import Readiness
 from supervisor.supervision.commands import Command
-from supervisor.supervision.handover import host_room, in_place_reason, next_port
+from supervisor.supervision.handover import host_room, in_place_reason, next_port, on_gpu
+from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.states import State
 from tests.test_target_lifecycle import START, Run, start_target  # noqa: F401
 
@@ -27,6 +29,11 @@ def replace_events(run: Run) -> list[str]:
 
 def port_of(spec) -> int:
     return int(spec.argv[spec.argv.index("--port") + 1])
+
+
+async def relay_once(run: Run) -> str:
+    async with run.sup.served.relaying() as url:
+        return url
 
 
 async def test_a_retune_starts_the_new_server_beside_the_old_and_never_stops_serving(
@@ -43,15 +50,19 @@ async def test_a_retune_starts_the_new_server_beside_the_old_and_never_stops_ser
         await run.until(lambda: "switched" in replace_events(run))
         new_url = run.sup.served.base_url
         assert new_url != old_url and str(port_of(run.world.starts[1])) in new_url
-        async with run.sup.served.relaying() as url:
-            assert url == new_url  # new requests go to the new server
-        await asyncio.sleep(0.05)
+        # On the CPU (no VRAM plan here) a new request waits for the old server's last one.
+        later = asyncio.create_task(relay_once(run))
+        await asyncio.sleep(0.1)
+        assert not later.done(), "a new request ran beside the old server's last one"
         assert old.returncode is None, "the old server stopped under a request"
+    assert await asyncio.wait_for(later, 5) == new_url  # new requests go to the new server
     await run.until(lambda: old.returncode is not None)
     assert old.signals == ["SIGTERM"]
     assert run.process.returncode is None and run.sup.process is run.process
     assert run.transitions == START  # never stopping, never starting: no gap
     assert replace_events(run) == ["beside", "switched", "retired"]
+    switched = next(e for e in run.events if e.data.get("replace") == "switched")
+    assert switched.data["held"] and "new requests wait for them" in switched.reason
     assert run.sup.status().restarts_by_reason == {"retune": 1}
 
 
@@ -198,3 +209,31 @@ def test_a_new_supervisor_not_started_yet_is_not_taken_for_one_that_failed():
 
     ready, failed = asyncio.run(scenario())
     assert ready is None and failed == "went backoff"
+
+
+async def test_held_requests_go_once_the_old_route_drains_or_the_hold_ends():
+    book = ProxyRequests()
+    async with book.relaying():  # on the old server
+        old = book.switch_route()
+        book.hold_new(old, timeout=30)
+        waiting = asyncio.create_task(book.admitted())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+    await asyncio.wait_for(waiting, 1)  # the last old request ended: held requests go
+    async with book.relaying():
+        book.hold_new(book.switch_route(), timeout=0.05)
+        await asyncio.wait_for(book.admitted(), 1)  # the hold ends at its deadline
+    book.hold_new(book.switch_route(), timeout=30)  # nothing in flight there: no hold
+    await asyncio.wait_for(book.admitted(), 0.1)
+
+
+def test_only_a_target_the_vram_plan_puts_on_a_gpu_counts_as_on_one():
+    def owner(placer):
+        return SimpleNamespace(name="t", placer=placer)
+
+    def placer(on: dict[str, bool] | None):
+        return SimpleNamespace(fleet_plan=None if on is None else SimpleNamespace(on_gpu=on))
+
+    assert not on_gpu(owner(None)) and not on_gpu(owner(placer(None)))
+    assert not on_gpu(owner(placer({"t": False}))) and not on_gpu(owner(placer({})))
+    assert on_gpu(owner(placer({"t": True})))

@@ -155,6 +155,23 @@ def test_a_baseline_of_other_loads_is_measured_again_where_most_tokens_run_not_j
     assert again is None or again.action != "baseline"
 
 
+def test_a_baseline_run_that_met_other_loads_does_not_judge_the_window_before_it():
+    # steady_load run 4: a re-measure at 8+ ran while the clients waited on the old server,
+    # so it saw only one request at a time; the window before it (8 clients) was then
+    # judged by per-request speed against that: 0.46x, and the variant "did not pay".
+    memory = TunerMemory("x", baseline_tps=52.0, baseline_by_load={"1": 52.0}, length=16,
+                         last_change=0.0)
+    bounds = Bounds(16, 16, 16, False)
+    d = plan(memory, window(tokens=2000, seconds=2000 / 24.0), SETTINGS, bounds, 1000.0,
+             False, load(MOD16, {"8+": 2000}))
+    assert d.action == "baseline"
+    done = plan(d.memory, WindowStats(0, 0, 0, 500, 500 / 7.7, (), 9), SETTINGS, bounds,
+                1100.0, False, load({"1": 7.8}, {"1": 500}))
+    assert done.action == "restore" and done.memory.speculation
+    assert done.data["lacking"] == ["8+"] and "not judged" in done.reason
+    assert done.memory.measured == {} and done.memory.disables == 0
+
+
 # --- lengths by load, for a runtime that takes a table (vLLM) ---
 
 def settled(memory: TunerMemory, tokens: dict[str, int], current=MOD64, length=64):

@@ -10,6 +10,8 @@ measures. Here, as in a blue-green deploy:
 3. once its health check passes, the proxy's new requests go to it (the route changes:
    requests.py), and the owner supervises it;
 4. the old one finishes the requests it has (up to `health.start_timeout`), then stops.
+   Where both compute on the host's CPU cores, new requests wait for those (up to
+   CPU_HOLD) before they go to the new server.
 
 Anything that goes wrong before 3 (no room, a refused start, a server that exits or never
 becomes ready) leaves the old one serving, and the owner restarts in place as before, where
@@ -48,6 +50,12 @@ from supervisor.tuning.autotuner import AutoTuner
 
 # Host memory left over once both servers run: the daemon, the page cache of a busy box.
 HOST_MARGIN = 512 * 1024**2
+# On the CPU, new requests wait at most this long for the old server's last ones: two
+# servers computing at once on the same cores are each several times slower (llama.cpp's
+# threads poll for work by default, `--poll 50`: they spin while the other's run), so the
+# old requests finish far sooner alone. A request longer than that (a long generation) is
+# not waited for: the new server serves.
+CPU_HOLD = 30.0
 
 
 class Owner(Protocol):
@@ -140,11 +148,16 @@ def port_beside(home: Backend) -> Backend:
     return home.at_port(_bind(host, 0) or 0)
 
 
+def on_gpu(owner: Owner) -> bool:
+    """Whether the VRAM plan puts this target on a GPU (else it computes on the host's cores)."""
+    plan = owner.placer.fleet_plan if owner.placer is not None else None
+    return bool(plan is not None and plan.on_gpu.get(owner.name))
+
+
 async def room_beside(owner: Owner) -> tuple[bool, str]:
     """Whether memory holds a second server of this target while the first runs."""
     placer, name = owner.placer, owner.name
-    plan = placer.fleet_plan if placer is not None else None
-    if placer is not None and plan is not None and plan.on_gpu.get(name):
+    if placer is not None and on_gpu(owner):
         fits, why = await placer.fits_now(name)  # NVML's free memory: the old one is in use
         if fits:
             return True, "a second copy fits in GPU memory beside the first"
@@ -238,9 +251,14 @@ def _take_over(owner: Owner, old: RunningProcess, new: RunningProcess, backend: 
     record_launch(owner, new, plan.spec)
     owner.tuner.restarted(loaded_in, beside=True)  # what a switch costs (holding.py)
     left = owner.requests.on_route(old_route)
+    held = bool(left) and not on_gpu(owner)
+    if held:
+        owner.requests.hold_new(old_route, CPU_HOLD)
     _emit(owner, f"pid {new.pid} on port {backend.target.port} serves now (ready after "
           f"{loaded_in:.1f}s); pid {old.pid} finishes its {left} request(s) in flight, then "
-          "stops", replace="switched", pid=new.pid, old_pid=old.pid, in_flight=left,
+          "stops" + (f"; new requests wait for them (at most {CPU_HOLD:g}s): both servers "
+                     "compute on the same CPU cores" if held else ""),
+          replace="switched", pid=new.pid, old_pid=old.pid, in_flight=left, held=held,
           loaded_s=round(loaded_in, 2))
     owner.retiring[old] = asyncio.create_task(_retire(owner, old, old_route),
                                               name=f"retire:{owner.name}:{old.pid}")

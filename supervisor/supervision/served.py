@@ -74,7 +74,9 @@ class Served:
         request's route are read together, with no await between them, so a switch to a
         server started beside the old one (handover.py) cannot fall in between: a request
         counted on the old route went to the old server. `sampling`: the request's class
-        (tuning/sampling.py), counted for the tuner."""
+        (tuning/sampling.py), counted for the tuner. Waits first while the owner holds new
+        requests for the old server to drain (requests.hold_new)."""
+        await self._owner.requests.admitted()
         base_url = self.base_url
         async with self._owner.requests.relaying(sampling):
             yield base_url

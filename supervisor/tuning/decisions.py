@@ -29,11 +29,11 @@ A retune costs a restart, so the plan is conservative (defaults in docs/tuning.m
 
 from __future__ import annotations
 
-import enum
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from supervisor.config.schema import Tuning
+from supervisor.tuning.actions import Action, Bounds, Decision
 from supervisor.tuning.mix import MixJudgement, Summary, judge, over_mix
 from supervisor.tuning.numbers import rounded
 from supervisor.tuning.speedup import Choice, Evidence, Measurement, choose, measurement, split_of
@@ -56,37 +56,6 @@ PROBE_LENGTH = 2
 # 0.18x off in prose for a whole cool-down after the retune to it. Nothing this slow is
 # noise: at 0.6x a quarter of `min_steps` is still tens of verification steps.
 LOSING = 0.6
-
-
-class Action(enum.StrEnum):
-    """What a decision does. Every action but KEEP restarts the runtime with the memory's
-    setting (a str, so that events and tuning.json carry the plain word)."""
-
-    BASELINE = "baseline"  # speculation off for a while, to measure throughput without it
-    RESTORE = "restore"  # the baseline is measured: speculation back on
-    RETUNE = "retune"  # another draft length, chosen from what was measured
-    EXPLORE = "explore"  # a length not measured yet, to learn what it gives
-    DISABLE = "disable"  # speculation does not pay: off, re-probed later
-    ENABLE = "enable"  # the re-probe after a time off
-    VARIANT = "variant"  # another n-gram variant (tuning/variants.py)
-    BY_LOAD = "by-load"  # draft lengths by requests running (tuning/by_load.py)
-    KEEP = "keep"  # the setting in effect stays: no restart
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    memory: TunerMemory  # the memory once the decision is applied
-    reason: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Bounds:
-    current: int  # the draft length in effect
-    low: int
-    high: int
-    tunable: bool  # False: only on/off (e.g. ngram-cache)
 
 
 def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
@@ -218,9 +187,18 @@ def _baseline_done(memory: TunerMemory, stats: WindowStats, settings: Tuning, bo
     data = {"baseline_tps": rounded(tps, 3), "baseline_evidence": stats.to_dict(),
             "baseline_by_load": {b: rounded(t, 2) for b, t in by_load.items()}}
     before = _usable_window(raw_before, settings)
+    before_load = {b: (int(n), float(t))
+                   for b, (n, t) in (raw_before or {}).get("load", {}).items()}
+    if before is not None and before_load and judge(before_load, by_load) is None:
+        # The baseline run met other loads than the window before it (the traffic changed
+        # meanwhile): per-request speeds of 8 clients against one client's baseline are no
+        # verdict (steady_load run 4: 0.46x, and the variant judged as not paying).
+        lacking = ", ".join(b for b in before_load if not by_load.get(b))
+        return Decision(Action.RESTORE, memory, f"{said}; speculation back on at length "
+                        f"{bounds.current}, the window before it not judged: the baseline "
+                        f"still lacks its loads ({lacking})",
+                        {**data, "length": bounds.current, "lacking": lacking.split(", ")})
     if before is not None:
-        before_load = {b: (int(n), float(t))
-                       for b, (n, t) in (raw_before or {}).get("load", {}).items()}
         verdict = evaluate(memory, before, settings, bounds, now, False, before_load)
         if verdict.action == Action.DISABLE:
             return Decision(Action.DISABLE, verdict.memory, f"{said}; {verdict.reason}",
