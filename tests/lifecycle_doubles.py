@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from supervisor.config.schema import Target
 from supervisor.gpu.vram import Estimate
 from supervisor.plugin import (
     Backend,
@@ -132,8 +133,8 @@ class FakeBackend(Backend):
                     placement: Any = None) -> LaunchSpec:
         return LaunchSpec(("fake-runtime", "--port", str(self.target.port)))
 
-    def at_port(self, port: int) -> Backend:
-        moved = super().at_port(port)
+    def with_target(self, target: Target) -> Backend:
+        moved = super().with_target(target)
         moved.world = self.world  # type: ignore[attr-defined]
         return moved
 

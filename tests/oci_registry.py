@@ -103,6 +103,12 @@ class LocalRegistry:
         urllib.request.urlopen(req, timeout=30).close()
         return sha(raw)
 
+    def get_manifest(self, repo: str, tag: str) -> bytes:
+        req = urllib.request.Request(f"http://{self.host}/v2/{repo}/manifests/{tag}", headers={
+            "Accept": "application/vnd.oci.image.manifest.v1+json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.read()
+
     def push_modelkit(self, repo: str, tag: str, model: tuple[str, bytes],
                       parts: list[tuple[str, str, bytes]], package: dict[str, str]) -> str:
         """A ModelKit of a model (path, bytes) and parts (name, path, bytes); its digest."""

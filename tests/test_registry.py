@@ -16,7 +16,8 @@ import tarfile
 
 import pytest
 
-from supervisor.registry import artifact, credentials, reference
+from supervisor.config import ociref as reference
+from supervisor.registry import artifact, credentials
 from supervisor.registry.store import LayerStore, TamperedBlob
 
 D = "sha256:" + "a" * 64

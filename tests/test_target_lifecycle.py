@@ -85,7 +85,7 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
 
         def start(detaches: bool = False, clock: Callable[[], float] | None = None,
                   adopt: bool = False, unloaded: bool = False, beside: bool = False,
-                  proxied: bool = True, **over: Any) -> Run:
+                  proxied: bool = True, kits: Any = None, **over: Any) -> Run:
             world = World()
             if adopt:  # a process left running by the previous daemon
                 world.adoptable = FakeProcess(world)
@@ -103,7 +103,7 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
             bus, events = EventBus(), []
             sup = TargetSupervisor(target, backend, FakeLauncher(world, detaches, beside), bus,
                                    http, clock=clock or FakeClock(), rand=lambda: 0.5,
-                                   unloaded=unloaded, proxied=proxied)
+                                   unloaded=unloaded, proxied=proxied, kits=kits)
             # The fleet's loader, as simple as it gets: every demand loads at once.
             sup.loading.on_demand = lambda name, reason: sup.send(Command.START, reason)
             run = Run(sup, world, events)

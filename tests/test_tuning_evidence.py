@@ -93,3 +93,17 @@ def test_labels_name_the_variant_and_length_and_show_nothing_measured_when_not_s
                      "last_event": "-"}
     loading = labels.display({**t, "state": "loading"}, now=1098.0)
     assert loading["acceptance"] == loading["speed"] == loading["memory"] == "-"
+
+
+def test_the_model_label_names_a_modelkit_by_reference_digest_and_pull_progress():
+    plain = {"model": "/models/m.gguf"}
+    assert labels.source(plain) == "/models/m.gguf"
+    kit = {"reference": "reg.example/lab/m:v1", "manifest_digest": "sha256:" + "ab" * 32}
+    assert labels.source({"model": "/c/m.gguf", "modelkit": kit}) == \
+        "reg.example/lab/m:v1 @ sha256:abababababab"
+    pulling = {**kit, "pull": {"done": 3 << 20, "total": 12 << 20}}
+    assert labels.source({"modelkit": pulling}).endswith(
+        ", pulling 3.0 MiB of 12.0 MiB (25%)")
+    assert labels.source({"modelkit": {**kit, "offline": "registry down"}}).endswith(
+        "from the cache (registry not reached)")
+    assert labels.display({"modelkit": kit, "state": "starting"})["source"].startswith("reg.")

@@ -71,6 +71,7 @@ class LlamaCppBackend(Backend):
     name = "llamacpp"
     description = "llama.cpp llama-server"
     default_binary = "llama-server"
+    takes_modelkits = True
 
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
@@ -84,7 +85,8 @@ class LlamaCppBackend(Backend):
             problems.append(Problem(("options",), "the llamacpp backend takes no options "
                                     f"(got {', '.join(sorted(target.options))}); pass runtime "
                                     "flags in args:"))
-        if (why := gguf_file_problem("model", target.model)) is not None:
+        # No model yet: from a ModelKit, pulled by the daemon (or missing: the cross-check says so).
+        if target.model and (why := gguf_file_problem("model", target.model)) is not None:
             problems.append(Problem(("model",), why))
         draft = target.speculation.draft
         if draft and (why := gguf_file_problem("draft", draft)) is not None:

@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import psutil
 
     from supervisor.cli.common import load
+    from supervisor.cli.pull import resolved_targets
     from supervisor.gpu import nvml, placement
     from supervisor.launcher.installed import InstalledLaunchers
     from supervisor.plugin.registry import default_registry
@@ -28,13 +29,20 @@ def run(args: argparse.Namespace) -> int:
     registry = default_registry()
     loaded = load(args.file, registry)
     fleet = loaded.fleet
+    targets, kits, unresolved = resolved_targets(fleet)
+    for problem in unresolved:
+        print(f"{args.file}: {problem}", file=sys.stderr)
+    if unresolved:
+        return 2
     print(f"{args.file}: OK, {len(fleet.targets)} target(s)")
-    backends = {name: registry.backend_for(t) for name, t in fleet.targets.items()}
-    launchers = InstalledLaunchers(registry, fleet.daemon, fleet.targets.__getitem__)
+    for said in kits:
+        print(said)
+    backends = {name: registry.backend_for(t) for name, t in targets.items()}
+    launchers = InstalledLaunchers(registry, fleet.daemon, targets.__getitem__)
     fleet_plan = placement.make_plan(backends, nvml.read(), fleet.daemon.gpu,
                                      ours=_running_fleet_vram(fleet.daemon.state_dir),
                                      host_available=psutil.virtual_memory().available)
-    for target in fleet.targets.values():
+    for target in targets.values():
         backend = backends[target.name]
         spec = backend.launch_spec(placement=placement.assignment_in(fleet_plan, target.name))
         method = target.speculation.method

@@ -202,6 +202,8 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
              f"  speculation  {labels.speculation(target)}  accepted {_acceptance(target)}  "
              f"speed {labels.speed(target)}",
              f"  memory       {labels.memory(target)}"]
+    if target.get("modelkit"):
+        lines.append(f"  modelkit     {labels.source(target)}")
     placement = target.get("placement") or {}
     if placement.get("node"):  # launcher: ray
         lines.append(f"  node         {placement['node']}, GPUs there: "
@@ -232,6 +234,11 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
         for role, f in (record.get("files") or {}).items():
             digest = f.get("sha256") or "(being computed)"
             lines.append(f"  {role:<12} {f['path']}  sha256 {digest}")
+        if kit := record.get("modelkit"):
+            package = " ".join((kit.get("package") or {}).values()) or "no package"
+            lines.append(f"  from         {kit['reference']} = {kit['manifest_digest']} "
+                         f"({package}); layers " + ", ".join(
+                             f"{r} {d}" for r, d in (kit.get("layers") or {}).items()))
         gpus = record.get("gpus") or {}
         lines.append(f"  gpus         {gpus.get('gpus', 'not placed by specfleet')}")
     if target["state"] in ("failed", "backoff") and target.get("failure_output"):

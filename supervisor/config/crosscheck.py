@@ -27,7 +27,7 @@ def check_speculation(target: Target) -> list[Problem]:
         problems.append(Problem((*base, "draft"),
             f"a draft file is set but method is none; set method: draft "
             f"(or {', '.join(m for m in METHODS_WITH_DRAFT_FILE if m != 'draft')}) or remove draft"))
-    if spec.method in METHODS_NEEDING_DRAFT and not spec.draft:
+    if spec.method in METHODS_NEEDING_DRAFT and not spec.draft and target.modelkit is None:
         problems.append(Problem((*base, "method"),
             f"method {spec.method} needs a draft file; add draft: /path/to/draft.gguf"))
     if spec.method in METHODS_WITHOUT_MODEL and spec.draft:
@@ -157,9 +157,27 @@ def check_loading(target: Target) -> list[Problem]:
     return []
 
 
+def check_model_source(target: Target) -> list[Problem]:
+    """`model` or `modelkit`, one of them; a draft part only where one is used."""
+    base, kit, spec = ("targets", target.name), target.modelkit, target.speculation
+    if kit is None:
+        return [] if target.model else [Problem((*base, "model"), (
+            "no model: add model: /path/to/model.gguf (or modelkit: HOST/REPOSITORY:TAG)"))]
+    if target.model:
+        return [Problem((*base, "modelkit"), "both model and modelkit name the model; "
+                        "remove one of them")]
+    if kit.draft and (spec.method not in METHODS_WITH_DRAFT_FILE or spec.draft):
+        why = ("speculation.draft names a file already" if spec.draft
+               else f"speculation method {spec.method} takes no draft file")
+        return [Problem((*base, "modelkit", "draft"), f"a draft part is named but {why}; "
+                        "remove one of them")]
+    return []
+
+
 def cross_check(fleet: Fleet) -> list[Problem]:
     problems = check_ports(fleet)
     for target in fleet.targets.values():
+        problems += check_model_source(target)
         problems += check_speculation(target)
         problems += check_restart_and_health(target)
         problems += check_loading(target)

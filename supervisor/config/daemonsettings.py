@@ -87,6 +87,20 @@ class Proxy(_Strict):
         return _check_host_port(value)
 
 
+class ModelKitSettings(_Strict):
+    """The cache of layers pulled from registries (docs/modelkits.md)."""
+
+    cache: str | None = Field(default=None, description=(
+        "Where pulled layers are kept, by digest, shared by every target and daemon restart; "
+        "unset: `<state_dir>/modelkits`."))
+    max_size: Bytes = Field(default=200 * 1024**3, description=(
+        "After each pull, the layers used longest ago are removed beyond this size; never "
+        "one a target of the fleet runs."))
+    timeout: Seconds = Field(default=30.0, gt=0, description=(
+        "A registry that does not answer within this long is taken as down (a start then "
+        "uses the digest the tag last resolved to, from the cache)."))
+
+
 class Daemon(_Strict):
     """The daemon's own settings; they take effect at the next daemon start, not at a reload."""
 
@@ -109,6 +123,8 @@ class Daemon(_Strict):
         "The systemd launcher and the daemon's own unit."))
     ray: RaySettings = Field(default=RaySettings(), description=(
         "The Ray cluster of `launcher: ray` targets (docs/ray.md)."))
+    modelkits: ModelKitSettings = Field(default=ModelKitSettings(), description=(
+        "The cache of models pulled from registries (`modelkit:` on a target)."))
     stop_targets_on_exit: bool = Field(default=False, description=(
         "SIGTERM of the daemon also stops targets run by systemd or Ray (process targets "
         "always stop with it); `false`, so that a daemon restart does not reload models."))
@@ -117,6 +133,10 @@ class Daemon(_Strict):
     @classmethod
     def _host_port(cls, value: str) -> str:
         return _check_host_port(value)
+
+    @property
+    def modelkit_cache(self) -> Path:
+        return Path(self.modelkits.cache or Path(self.state_dir) / "modelkits").expanduser()
 
     @property
     def logs(self) -> Path:

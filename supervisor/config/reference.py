@@ -274,7 +274,7 @@ def describe_default(field: FieldInfo, from_key: bool = False) -> str:
             raise ValueError(f"default factory {factory.__name__} needs a docstring to document it")
         return doc[0].rstrip(".")
     value = field.default
-    if value is None:
+    if value is None or value == "":  # "" stands for absent (a target's model with a modelkit)
         return "unset"
     if isinstance(value, BaseModel):
         return "see its keys"

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from supervisor.config import ociref
 from supervisor.config.containersettings import ContainerSettings
 from supervisor.config.daemonsettings import ApiKey, Daemon
 from supervisor.config.ondemandsettings import LoadingDefaults, LoadingKeys
@@ -94,6 +95,31 @@ class Speculation(_Strict):
         "Draft model or head file: required for `draft`, `eagle`, `eagle3` and `dflash`, "
         "optional for `mtp`, refused for `ngram` and `suffix`."))
     length: Length = Field(default=Length(), description="Draft length: start value and the tuner's bounds.")
+
+
+def _reference(value: str) -> str:
+    try:
+        ociref.parse(value)
+    except ociref.ReferenceError as exc:  # it says what is wrong and what is valid
+        raise ValueError(str(exc)) from None
+    return value.strip()
+
+
+def _modelkit(value: Any) -> Any:
+    return {"ref": value} if isinstance(value, str) else value  # `modelkit: HOST/REPO:TAG`
+
+
+class ModelKit(_Strict):
+    """A target's model, and its draft, from one KitOps ModelKit or CNCF ModelPack in an OCI
+    registry (docs/modelkits.md)."""
+
+    ref: Annotated[str, AfterValidator(_reference)] = Field(description=(
+        "The artifact: `HOST[:PORT]/REPOSITORY[:TAG]` or `...@sha256:DIGEST`; https, but plain "
+        "http to a registry on loopback. A tag is resolved at each daemon start and reload."))
+    draft: str | None = Field(default=None, description=(
+        "The part that is the draft: its Kitfile name or file name; unset: the only GGUF part "
+        "besides the model. Used where `speculation.method` takes a draft file and "
+        "`speculation.draft` is unset."))
 
 
 class Restart(_Strict):
@@ -200,9 +226,13 @@ class Target(LoadingKeys):
         "(docs/ray.md); `container`: a podman or docker container of `container.image` "
         "(docs/containers.md); or a third-party launcher (docs/plugins.md). `specfleet check` "
         "names those installed."))
-    model: str = Field(description=(
+    model: str = Field(default="", description=(
         "The model the runtime serves: a GGUF file for llama.cpp; for vLLM and Ollama also a "
-        "model directory, repo id or tag."))
+        "model directory, repo id or tag. Required unless `modelkit` names it."))
+    modelkit: Annotated[ModelKit | None, BeforeValidator(_modelkit)] = Field(
+        default=None, description=(
+            "The model (and the draft) from a registry instead: a reference, or `{ref, "
+            "draft}`; pulled into the daemon's cache, verified by digest (docs/modelkits.md)."))
     speculation: Speculation = Field(default=Speculation(), description=(
         "Speculative decoding: method, draft file and draft length."))
     host: str = Field(default="127.0.0.1", description=(

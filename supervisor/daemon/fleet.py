@@ -23,11 +23,13 @@ from supervisor.config.schema import Fleet, Target
 from supervisor.daemon.history import History
 from supervisor.daemon.ondemand import OnDemandLoader
 from supervisor.daemon.replacing import reload_in_place_reason, replace_beside
-from supervisor.errors import FleetFileError
+from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer, held_vram
 from supervisor.plugin.launching import Launcher, local_pid
 from supervisor.plugin.registry import Registry
+from supervisor.registry.modelkits import ModelKits
+from supervisor.registry.store import LayerStore
 from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.runrecord import RunRecorder
@@ -60,6 +62,7 @@ class FleetSupervisors:
         # target -> (the counters last put in the history, when)
         self._sampled: dict[str, tuple[object, float]] = {}
         self.http: aiohttp.ClientSession | None = None
+        self.kits: ModelKits | None = None  # made with the first target (it needs self.http)
         self._reload_lock = asyncio.Lock()
         # The last reload that was rejected, shown in the daemon block until one succeeds.
         self.rejected_reload: dict[str, Any] | None = None
@@ -96,9 +99,23 @@ class FleetSupervisors:
                                log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
                                records=self.records, start_reason=reason, unloaded=unloaded,
-                               proxied=self.fleet.daemon.proxy.enabled)
+                               proxied=self.fleet.daemon.proxy.enabled, kits=self._kits())
         self.on_demand.attach(sup)
         return sup
+
+    def _kits(self) -> ModelKits:
+        """The way to registries and the layer cache, shared by every target."""
+        assert self.http is not None
+        if self.kits is None:
+            settings = self.fleet.daemon.modelkits
+            self.kits = ModelKits(LayerStore(self.fleet.daemon.modelkit_cache), self.http,
+                                  settings.timeout, settings.max_size, self._kit_layers)
+        return self.kits
+
+    def _kit_layers(self) -> list[str]:
+        """The layer digests targets run now: never pruned from the cache."""
+        return [d for sup in self.supervisors.values() if sup.kit
+                for d in sup.kit.get("layers", {}).values()]
 
     def _start(self, sup: TargetSupervisor) -> None:
         task = sup.start_owner_task()
@@ -172,6 +189,7 @@ class FleetSupervisors:
         removed = [n for n in old_targets if n not in new_targets]
         added = [n for n in new_targets if n not in old_targets]
         changed = [n for n in new_targets if n in old_targets and new_targets[n] != old_targets[n]]
+        changed += await self._moved_tags(new, changed)
         # A failed target's message says "fix it, then reload": a reload retries it, whatever
         # was fixed (the model file, the binary, something outside specfleet).
         retried = [n for n, sup in self.supervisors.items()
@@ -199,6 +217,27 @@ class FleetSupervisors:
         if self.after_apply is not None:
             await self.after_apply(new)
         self._in_file_order()
+
+    async def _moved_tags(self, new: Fleet, changed: list[str]) -> list[str]:
+        """Targets whose ModelKit tag names another manifest now than the one they run: a
+        change like any other (the new server pulls it, beside the old one where it may)."""
+        moved = []
+        for name, target in new.targets.items():
+            sup, kit = self.supervisors.get(name), target.modelkit
+            if name in changed or kit is None or sup is None or not sup.kit or "pull" in sup.kit:
+                continue
+            try:
+                resolved = await self._kits().resolve(kit.ref)
+            except SpecfleetError:
+                continue  # a registry that answers nonsense: the running digest stays
+            if resolved.offline is None and resolved.digest != sup.kit["manifest_digest"]:
+                self.events.emit(Event(name, "modelkit", f"{kit.ref} moved: "
+                                       f"{sup.kit['manifest_digest']} -> {resolved.digest}; "
+                                       "the target restarts with the new one",
+                                       data={"old": sup.kit["manifest_digest"],
+                                             "new": resolved.digest}))
+                moved.append(name)
+        return moved
 
     async def _change(self, old: TargetSupervisor, target: Target) -> None:
         """A changed target: its new server beside the old one where it may, else in place."""

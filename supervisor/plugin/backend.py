@@ -51,6 +51,9 @@ class Backend:
     # True for runtimes whose models specfleet can manage on a server it did not start
     # (`launcher: external`).
     supports_external: ClassVar[bool] = False
+    # Serves a GGUF file by path, so a target may take it from a ModelKit (`modelkit:`,
+    # docs/modelkits.md): the daemon pulls it and sets `model` (and the draft) to the cache.
+    takes_modelkits: ClassVar[bool] = False
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -110,13 +113,12 @@ class Backend:
             update={"start": None})})
         return type(self)(self.target.model_copy(update={"speculation": spec}))
 
-    def at_port(self, port: int) -> Backend:
-        """This backend for the same target listening on another port: the server a planned
-        restart starts beside the running one (supervision/handover.py). Where the runtime
-        runs (`node_address`, `executor`) stays."""
-        if port == self.target.port:
-            return self
-        moved = type(self)(self.target.model_copy(update={"port": port}))
+    def with_target(self, target: Target) -> Backend:
+        """This backend for `target`, a variation of its own: the same target on another port
+        (the server a planned restart starts beside the running one, supervision/handover.py),
+        or with the files of its ModelKit once pulled (supervision/pulling.py). Where the
+        runtime runs (`node_address`, `executor`) stays."""
+        moved = type(self)(target)
         moved.node_address, moved.executor = self.node_address, self.executor
         return moved
 

@@ -62,8 +62,12 @@ class Registry:
         if not launcher.traits.starts_server and not cls.supports_external:
             problems.append(Problem(("launcher",), f"the {target.backend} backend cannot use a "
                                     "server it did not start; launcher: process or systemd"))
-        if any(p.severity == "error" for p in problems):
-            return problems
+        if target.modelkit is not None and not cls.takes_modelkits:
+            problems.append(Problem(("modelkit",), f"the {target.backend} backend cannot serve "
+                                    "a model from a ModelKit (its GGUF files are served by "
+                                    "llamacpp); set model: instead"))
+        if any(p.severity == "error" for p in problems) or not target.model:
+            return problems  # a ModelKit's files are checked once pulled (at the start)
         where = ("speculation", "draft") if target.speculation.draft else ("speculation", "method")
         try:
             findings = pairing_findings(cls(target))

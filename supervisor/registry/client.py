@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from supervisor.config.ociref import Reference
 from supervisor.errors import SpecfleetError
 from supervisor.registry.artifact import ACCEPT
 from supervisor.registry.credentials import Credentials
-from supervisor.registry.reference import Reference
 
 CHUNK = 1 << 20
 MAX_MANIFEST = 4 << 20  # the spec's "at least 4 megabytes"

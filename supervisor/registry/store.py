@@ -24,9 +24,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
+from supervisor.config.ociref import Reference
 from supervisor.errors import SpecfleetError
 from supervisor.registry.artifact import Layer
-from supervisor.registry.reference import Reference
 
 Progress = Callable[[int, int], None]  # (bytes so far, bytes in all)
 USED = ".used"  # touched at each use: prune keeps the recently used
@@ -49,10 +49,15 @@ class LayerStore:
     def _dir(self, digest: str) -> Path:
         return self.root / "layers" / _hex(digest)
 
+    def place_of(self, layer: Layer) -> Path:
+        """Where the layer's file (or directory) lies once it is unpacked: a path that names
+        the digest, so a target's command is known before the pull."""
+        base = self._dir(layer.digest)
+        return base / layer.path if layer.archive == "tar" else base / Path(layer.path).name
+
     def path_of(self, layer: Layer) -> Path | None:
         """Where the layer's file (or directory) lies unpacked, if it is cached."""
-        base = self._dir(layer.digest)
-        found = base / layer.path if layer.archive == "tar" else base / Path(layer.path).name
+        base, found = self._dir(layer.digest), self.place_of(layer)
         if not found.exists():
             return None
         with contextlib.suppress(OSError):

@@ -70,6 +70,7 @@ class Owner(Protocol):
     http: aiohttp.ClientSession
     placer: Placer | None
     tuner: AutoTuner
+    kit: dict[str, Any] | None  # what its ModelKit pulled (supervision/pulling.py)
     requests: ProxyRequests
     records: RunRecorder | None
     proxied: bool
@@ -139,13 +140,20 @@ def _bind(host: str, port: int) -> int | None:
         return int(s.getsockname()[1])
 
 
+def at_port(backend: Backend, port: int) -> Backend:
+    """`backend` for the same target listening on `port`."""
+    if port == backend.target.port:
+        return backend
+    return backend.with_target(backend.target.model_copy(update={"port": port}))
+
+
 def port_beside(home: Backend) -> Backend:
     """`home` where its configured port is free, else the same backend on a free port: the
     first server of a target whose old definition still serves there (a reload)."""
     host, port = home.target.host, home.target.port
     if _bind(host, port) is not None:
         return home
-    return home.at_port(_bind(host, 0) or 0)
+    return at_port(home, _bind(host, 0) or 0)
 
 
 def on_gpu(owner: Owner) -> bool:
@@ -189,7 +197,7 @@ async def replace_beside(owner: Owner, old: RunningProcess, request: Request,
     host = owner.target.host
     port = next_port(owner.backend.target.port, owner.home.target.port,
                      lambda p: _bind(host, p) is not None, lambda: _bind(host, 0) or 0)
-    moved = owner.home.at_port(port)
+    moved = at_port(owner.home, port)
     try:
         plan = await plan_start(owner.name, moved, owner.launcher, owner.placer, owner.tuner,
                                 owner.pairing)
@@ -295,4 +303,4 @@ def record_launch(owner: Owner, proc: RunningProcess, spec: LaunchSpec) -> None:
                  "enabled": tuner.speculation_on, "draft_length": tuner.draft_length}
     owner.records.launched(owner.name, proc.pid, owner.pending_reason, spec, owner.runtime,
                            owner.target.launcher, spec_view, owner.placement,
-                           owner.backend.model_files())
+                           owner.backend.model_files(), owner.kit)

@@ -109,13 +109,29 @@ def last_event(target: dict[str, Any], now: float) -> str:
     return f"{format_duration(now - event.get('time', now))} ago: {event.get('reason', '')}"
 
 
+def source(target: dict[str, Any]) -> str:
+    """Where the model came from: the file, or the ModelKit by reference and digest (with a
+    pull under way, its progress)."""
+    kit = target.get("modelkit")
+    if not kit:
+        return str(target.get("model") or NONE)
+    said = f"{kit.get('reference')} @ {str(kit.get('manifest_digest', ''))[:19]}"
+    if pull := kit.get("pull"):
+        done, total = pull.get("done", 0), pull.get("total", 0)
+        said += (f", pulling {size(done)} of {size(total)} ({done / total:.0%})" if total
+                 else ", resolving")
+    elif kit.get("offline"):
+        said += ", from the cache (registry not reached)"
+    return said
+
+
 def display(target: dict[str, Any], now: float | None = None) -> dict[str, str]:
     """The labels of one target, as the API's `display` block carries them."""
     now = time.time() if now is None else now
     return {"speculation": speculation(target), "uptime": uptime(target, now),
             "acceptance": acceptance(target), "accepted_length": accepted_length(target),
             "speed": speed(target), "memory": memory(target), "restarts": restarts(target),
-            "last_event": last_event(target, now)}
+            "last_event": last_event(target, now), "source": source(target)}
 
 
 def gpus(info: dict[str, Any]) -> list[dict[str, str]] | str:

@@ -1,10 +1,8 @@
-"""TargetSupervisor: one asyncio task owns one target's state.
-
-Everything else sends it commands (supervision/commands.py) through a queue; only the
-owner task changes the state, through `_set_state`, which checks the transition
-against ALLOWED (supervision/states.py), drops no-op transitions and emits an event.
-In each of its phases (idle or unloaded, backing off, running) the owner task waits
-for a command and asks `commands.next_step` what the command means there.
+"""TargetSupervisor: one asyncio task owns one target's state. Everything else sends it
+commands (supervision/commands.py) through a queue; only the owner task changes the state,
+through `_set_state`, which checks the transition against ALLOWED (supervision/states.py),
+drops no-op transitions and emits an event. In each of its phases (idle or unloaded,
+backing off, running) it waits for a command and asks `commands.next_step` what it means.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
 from supervisor.plugin.backend import Backend, Failure, MetricsSample
 from supervisor.plugin.launching import Launcher, RunningProcess, local_pid
+from supervisor.registry.modelkits import ModelKits
 from supervisor.supervision.commands import (
     Command,
     Next,
@@ -37,6 +36,7 @@ from supervisor.supervision.explain import PairingWarnings, explain_exit, explai
 from supervisor.supervision.handover import may_go_beside, record_launch, replace_beside, stop_retiring
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
+from supervisor.supervision.pulling import pull_kit
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.runrecord import RunRecorder
 from supervisor.supervision.served import Served
@@ -58,7 +58,7 @@ class TargetSupervisor:
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
                  rand: Callable[[], float] = random.random, log_file: str | None = None,
                  tuning_store: TuningStore | None = None, placer: Placer | None = None,
-                 records: RunRecorder | None = None,
+                 records: RunRecorder | None = None, kits: ModelKits | None = None,
                  start_reason: str = "daemon started", unloaded: bool = False,
                  proxied: bool = False) -> None:
         self.target = target
@@ -79,7 +79,8 @@ class TargetSupervisor:
         self.metrics: MetricsSample | None = None
         self.log_file = log_file
         self.tuner = AutoTuner(target, backend, tuning_store, self._event, clock)
-        self.placer, self.records = placer, records
+        # The ModelKit cache (kits) and what was pulled from it (kit: pulling.py).
+        self.placer, self.records, self.kits, self.kit = placer, records, kits, None
         self.placement: dict[str, Any] = {}
         self.resources: dict[str, Any] = {}
         self.pairing = PairingWarnings(self._event)  # the pairing guard's, said once each
@@ -134,7 +135,6 @@ class TargetSupervisor:
     def status(self) -> TargetStatus:
         return snapshot(self)
 
-    # --- the owner task ---
 
     def _event(self, kind: str, reason: str, **data: Any) -> None:
         self.events.emit(Event(self.name, kind, reason, data=data))
@@ -255,7 +255,8 @@ class TargetSupervisor:
                 self.placer.released(self.name)
 
     async def _launch(self) -> RunningProcess:
-        """Preflight, the pairing guard, placement; then adopt a running unit or start anew."""
+        """A ModelKit pulled, preflight, pairing guard, placement; adopt a unit or start anew."""
+        await pull_kit(self)
         plan = await plan_start(self.name, self.backend, self.launcher, self.placer, self.tuner,
                                 self.pairing)
         self.placement, self.runtime, spec = plan.placement, plan.runtime, plan.spec

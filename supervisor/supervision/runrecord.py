@@ -50,6 +50,8 @@ class RunRecord:
     speculation: dict[str, Any]
     gpus: dict[str, Any]
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> path, size, sha256
+    # a ModelKit's reference, manifest and layer digests, package (registry/modelkits.py)
+    modelkit: dict[str, Any] | None = None
 
 
 class Cancelled(Exception):
@@ -120,13 +122,14 @@ class RunRecorder:
 
     def launched(self, name: str, pid: int, reason: str, spec: LaunchSpec, runtime: dict[str, str],
                  launcher: str, speculation: dict[str, Any], gpus: dict[str, Any],
-                 files: dict[str, str]) -> RunRecord:
+                 files: dict[str, str], modelkit: dict[str, Any] | None = None) -> RunRecord:
         record = RunRecord(
             target=name, started=time.time(), pid=pid, reason=reason, argv=list(spec.argv),
             env={k: ("***" if k in spec.secret_env else v) for k, v in sorted(spec.env.items())},
             runtime=dict(runtime), launcher=launcher,
             speculation=speculation, gpus=gpus,
-            files={role: {"path": p, "sha256": None} for role, p in files.items()})
+            files={role: {"path": p, "sha256": None} for role, p in files.items()},
+            modelkit=modelkit)
         self._write(record, append=True)
         task = asyncio.create_task(self._fill_digests(record), name=f"digest:{name}")
         self._tasks.add(task)

@@ -42,6 +42,7 @@ class Owner(Protocol):
     pairing: PairingWarnings
     requests: ProxyRequests
     loading: OnDemandBook
+    kit: dict[str, Any] | None
 
 
 def snapshot(owner: Owner) -> TargetStatus:
@@ -72,4 +73,4 @@ def snapshot(owner: Owner) -> TargetStatus:
         retunes=owner.tuner.retunes, log_file=owner.log_file, placement=dict(owner.placement),
         resources=dict(owner.resources) if alive else {}, warnings=list(owner.pairing.warnings),
         requests=owner.requests.view(), by_load=owner.tuner.by_load.view(),
-        on_demand=owner.loading.view())
+        on_demand=owner.loading.view(), modelkit=owner.kit)

@@ -42,6 +42,8 @@ class TargetStatus:
     by_load: dict[str, Any] = field(default_factory=dict)
     # start mode, loads and unloads, the last cold-start wait (supervision/ondemand.py)
     on_demand: dict[str, Any] = field(default_factory=dict)
+    # where the model came from when a ModelKit: reference, digests, package, a pull under way
+    modelkit: dict[str, Any] | None = None
 
 
 def counters_view(m: MetricsSample | None) -> dict[str, Any]:

@@ -86,7 +86,7 @@ const views = {
     const d = t.display || {};
     const facts = el("dl", { class: "facts", id: "facts" },
       ...[["State", stateTag(t.state)], ["PID", t.pid ?? "–"], ["Up", show(d.uptime)], ["Endpoint", t.endpoint],
-        ["Model", t.model], ["Speculation", show(d.speculation)], ["Acceptance", show(d.acceptance)],
+        ["Model", show(d.source)], ["Speculation", show(d.speculation)], ["Acceptance", show(d.acceptance)],
         ["Accepted length", show(d.accepted_length)], ["Speed", show(d.speed)], ["Memory", show(d.memory)],
         ["Restarts", show(d.restarts)], ["Last event", show(d.last_event)]]
         .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-fact": k }, v)]));

@@ -1,0 +1,92 @@
+"""A target whose model comes from a ModelKit (`modelkit:`): pulled before its first start.
+
+The owner (owner.py) calls `pull_kit` before each start; it acts once per owner, before
+the first: the reference is resolved (the registry; its cache while the registry is down),
+the model and draft layers are pulled where missing, and the owner runs the target with
+`model` and `speculation.draft` at their files in the cache (registry/modelkits.py). The
+target stays `starting` meanwhile (no process runs yet), the pull's progress in its live
+status (the API's `modelkit.pull`; not in status.json, which would be rewritten at every
+chunk). Events of kind `modelkit` say what was resolved and pulled. A registry that cannot
+be reached with nothing cached is retried under the restart policy (`unreachable`, with
+backoff); a tampered layer or an artifact without the layers the target needs fails the
+start for good, saying why. A tag that moved is seen at the next daemon start or reload
+(daemon/fleet.py): a new owner pulls the new digest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from supervisor.config.schema import Target
+from supervisor.errors import NotReachableYet
+from supervisor.events import Event, EventBus
+from supervisor.plugin.backend import Backend
+from supervisor.registry.client import RegistryError
+from supervisor.registry.modelkits import ModelKits, materialized
+from supervisor.tuning.autotuner import AutoTuner
+
+
+class Owner(Protocol):
+    name: str
+    target: Target
+    home: Backend
+    backend: Backend
+    tuner: AutoTuner
+    events: EventBus
+    kits: ModelKits | None
+    kit: dict[str, Any] | None  # what was pulled (provenance), and the pull under way
+
+
+async def pull_kit(owner: Owner) -> None:
+    """Resolve and pull the target's ModelKit, once per owner; then the owner runs the
+    target at the pulled files. Raises NotReachableYet (retried) or SpecfleetError."""
+    source = owner.target.modelkit
+    if source is None or (owner.kit is not None and "pull" not in owner.kit):
+        return
+    if owner.kits is None:
+        raise NotReachableYet("no ModelKit cache in this daemon")  # not a daemon's owner
+    kits = owner.kits
+    try:
+        resolved = await kits.resolve(source.ref)
+    except RegistryError as exc:
+        raise NotReachableYet(f"target '{owner.name}': {exc}") from None
+    layers = resolved.layers(owner.target)  # ArtifactError: this kit cannot serve it
+    provenance = resolved.provenance(layers)
+    owner.kit = {**provenance, "pull": {"done": 0, "total": 0}}
+    said = f"{resolved.ref} is {resolved.digest}" + (
+        f" (from the cache: {resolved.offline})" if resolved.offline else "")
+    _emit(owner, f"{said}; pulling what is not cached", **provenance)
+    def progress(done: int, total: int) -> None:  # read by the API, live (not journaled)
+        owner.kit = {**provenance, "pull": {"done": done, "total": total}}
+
+    try:
+        await kits.pull(resolved, layers, progress)
+    except RegistryError as exc:
+        owner.kit = None
+        raise NotReachableYet(f"target '{owner.name}': {exc}") from None
+    except BaseException:
+        owner.kit = None
+        raise
+    retarget(owner, materialized(owner.target, kits.store, layers))
+    owner.kit = provenance
+    files = ", ".join(f"{role} {kits.store.place_of(x)}" for role, x in layers.items())
+    _emit(owner, f"{said}; serving {files}", **provenance)
+
+
+def retarget(owner: Owner, target: Target) -> None:
+    """The owner runs `target` (the same but for its files) from its next start on."""
+    owner.target = target
+    owner.home = owner.home.with_target(target)
+    # A reload's new server may have been put on another port beside the old one (its
+    # backend, daemon/replacing.py): it stays there.
+    port = owner.backend.target.port
+    owner.backend = owner.home if port == target.port else owner.backend.with_target(
+        target.model_copy(update={"port": port}))
+    old = owner.tuner
+    # Its memory belongs to the model's file (tuning/store.fingerprint): a new tuner.
+    owner.tuner = AutoTuner(target, owner.home, old.store, old.emit, old.clock)
+    owner.tuner.restart_is_free = old.restart_is_free
+
+
+def _emit(owner: Owner, reason: str, **data: Any) -> None:
+    owner.events.emit(Event(owner.name, "modelkit", reason, data=data))
