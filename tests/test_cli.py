@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from supervisor import __version__
 from tests.conftest import REPO
@@ -50,8 +51,32 @@ def test_every_shipped_example_validates(example, gemma_model, llama_server_bin,
         request.getfixturevalue("vllm_model")  # its model is the provisioned HF copy
     if example == "pair.yaml":
         request.getfixturevalue("model_pair")  # the files `specfleet setup --pair` writes
-    out = specfleet("check", f"examples/{example}")
+    path = f"examples/{example}"
+    if example == "modelkit.yaml":  # its ModelKit, pushed to a real registry on loopback
+        path = str(example_modelkit(request))
+    out = specfleet("check", path)
     assert out.returncode == 0, out.stderr
+    if example == "modelkit.yaml":  # resolved, and nothing written: check only reads
+        assert "modelkit 127.0.0.1:" in out.stdout and "draft: models/draft.gguf" in out.stdout
+        assert not (Path(path).parent / "state").exists()
+
+
+def example_modelkit(request) -> Path:
+    """examples/modelkit.yaml with its reference on a local registry holding such a kit,
+    and its state dir in the test's directory."""
+    registry, tmp = request.getfixturevalue("oci_registry"), request.getfixturevalue("tmp_path")
+    doc = yaml.safe_load((REPO / "examples" / "modelkit.yaml").read_text())
+    kit = doc["targets"]["qwen3"]["modelkit"]
+    repo_tag = kit["ref"].split("/", 1)[1]
+    repo, tag = repo_tag.rsplit(":", 1)
+    registry.push_modelkit(repo, tag, ("models/target.gguf", b"GGUF" + bytes(64)),
+                           [(kit["draft"], "models/draft.gguf", b"GGUF" + bytes(8))],
+                           {"name": "qwen3-pair", "version": "1.0"})
+    kit["ref"] = f"{registry.host}/{repo_tag}"
+    doc["daemon"]["state_dir"] = str(tmp / "state")
+    path = tmp / "modelkit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def test_status_without_a_daemon_says_so(tmp_path: Path):

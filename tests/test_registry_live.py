@@ -5,6 +5,7 @@ tampered blob, a moved tag, a registry that is down."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import aiohttp
@@ -83,3 +84,25 @@ def test_a_moved_tag_resolves_to_its_new_digest_and_a_down_registry_falls_back_t
     # Down and never pulled here: a clear error naming both.
     with pytest.raises(RegistryError, match=r"cannot be reached.*never pulled here"):
         asyncio.run(pull(str(ref), LayerStore(tmp_path / "empty")))
+
+
+def test_the_kitfile_a_modelkit_carries_reads_the_same_in_kitops_own_package(
+        tmp_path, oci_registry):
+    """Cross-check with KitOps' Python package: the config blob (the Kitfile as Kit writes
+    it, JSON with each entry's digest) parsed by kitops' Kitfile names the model and the
+    parts that specfleet takes for the target and the draft."""
+    from kitops.modelkit.kitfile import Kitfile
+
+    oci_registry.push_modelkit("ns/pair", "v1", ("models/target.gguf", TARGET),
+                               [("draft", "models/draft.gguf", DRAFT)],
+                               {"name": "pair", "version": "1.0"})
+    resolved, _ = asyncio.run(pull(f"{oci_registry.host}/ns/pair:v1",
+                                   LayerStore(tmp_path / "cache")))
+    config = oci_registry.get_manifest("ns/pair", "v1")
+    blob = oci_registry.blob_file(json.loads(config)["config"]["digest"]).read_bytes()
+    (tmp_path / "Kitfile").write_bytes(blob)
+    kitfile = Kitfile(path=str(tmp_path / "Kitfile"))
+    assert kitfile.model.path == resolved.artifact.model().path
+    assert [p.path for p in kitfile.model.parts] == [resolved.artifact.draft().path]
+    assert [p.name for p in kitfile.model.parts] == [resolved.artifact.draft().name]
+    assert kitfile.package.name == resolved.artifact.package["name"]

@@ -63,8 +63,9 @@ async def _pull_all(fleet: Fleet, targets: list[Target]) -> None:
     await with_kits(fleet, each)
 
 
-async def with_kits(fleet: Fleet, work: Callable[[ModelKits], Any]) -> None:
-    """`work(kits)` with the daemon's cache and a session of its own."""
+async def with_kits(fleet: Fleet, work: Callable[[ModelKits], Any], keep: bool = True) -> None:
+    """`work(kits)` with the daemon's cache and a session of its own (`keep` False: the
+    cache is only read)."""
     import aiohttp
 
     from supervisor.registry.modelkits import ModelKits
@@ -73,7 +74,7 @@ async def with_kits(fleet: Fleet, work: Callable[[ModelKits], Any]) -> None:
     settings = fleet.daemon.modelkits
     async with aiohttp.ClientSession() as session:
         await work(ModelKits(LayerStore(fleet.daemon.modelkit_cache), session, settings.timeout,
-                             settings.max_size))
+                             settings.max_size, keep=keep))
 
 
 def describe(target: Target, resolved: Resolved, kits: ModelKits) -> str:
@@ -130,5 +131,5 @@ def resolved_targets(fleet: Fleet) -> tuple[dict[str, Target], list[str], list[s
                 problems.append(f"targets.{name}.modelkit: {exc}")
 
     if any(t.modelkit is not None for t in fleet.targets.values()):
-        asyncio.run(with_kits(fleet, each))
+        asyncio.run(with_kits(fleet, each, keep=False))
     return targets, said, problems

@@ -17,6 +17,7 @@ and the target as it runs (docs/modelkits.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from supervisor.config.schema import METHODS_NEEDING_DRAFT, METHODS_WITH_DRAFT_F
 from supervisor.registry import artifact, credentials
 from supervisor.registry.artifact import Artifact, Layer
 from supervisor.registry.client import RegistryClient, RegistryError
-from supervisor.registry.store import LayerStore
+from supervisor.registry.store import LayerStore, TamperedBlob
 
 # (bytes so far, bytes in all) over every layer a pull fetches.
 Progress = Callable[[int, int], None]
@@ -78,8 +79,9 @@ class ModelKits:
 
     def __init__(self, store: LayerStore, session: aiohttp.ClientSession,
                  timeout: float = 30.0, max_size: int | None = None,
-                 in_use: Callable[[], Iterable[str]] = tuple) -> None:
+                 in_use: Callable[[], Iterable[str]] = tuple, keep: bool = True) -> None:
         self.store = store
+        self.keep = keep  # keep manifests in the cache (False: `check`, which writes nothing)
         self.session = session
         self.timeout = timeout
         self.max_size = max_size  # of the cache, pruned after each pull (None: never)
@@ -99,7 +101,8 @@ class ModelKits:
             config = await self._config(ref, raw)
         except RegistryError as exc:
             return self._from_cache(ref, str(exc))
-        self.store.put_json(digest, raw)
+        if self.keep:
+            self.store.put_json(digest, raw)
         return Resolved(ref, digest, artifact.read(raw, config))
 
     async def _config(self, ref: ociref.Reference, raw: bytes) -> bytes | None:
@@ -110,7 +113,10 @@ class ModelKits:
         if (cached := self.store.get_json(digest)) is not None:
             return cached
         body = b"".join([c async for c in self._client(ref.host).blob(ref, digest)])
-        self.store.put_json(digest, body)  # verified: TamperedBlob if it is not `digest`
+        if f"sha256:{hashlib.sha256(body).hexdigest()}" != digest:
+            raise TamperedBlob(f"{ref}: its Kitfile (config blob) is not {digest}; refused")
+        if self.keep:
+            self.store.put_json(digest, body)
         return body
 
     def _from_cache(self, ref: ociref.Reference, error: str) -> Resolved:
