@@ -2,8 +2,10 @@
 optionally its own models directory), writes a Modelfile (FROM, DRAFT, PARAMETER lines),
 runs `ollama create`, and loads the model with keep_alive so that it stays loaded.
 
-Formats of Ollama 0.33 as recorded in tests/fake_runtimes.py: `DRAFT <local gguf>` in the
-Modelfile, `draft_num_predict` (changing it reloads the runner: a retune is a restart),
+Formats of Ollama 0.33 (its source at v0.33.0-rc2: docs/ollama.md, reproduced by the
+stand-in in tests/fake_runtimes.py): `DRAFT <local gguf>` in the Modelfile (never the FROM
+file), run by Ollama's llama-server as an MTP draft unless it is a DFlash model,
+`draft_num_predict` (changing it reloads the runner: a retune is a restart),
 no acceptance counters in the API: acceptance is read from the embedded llama-server's
 `draft acceptance = ...` lines in the server's output (the same lines llama-server b11434
 prints, see tests/fixtures), throughput from its `eval time = ...` lines and from
@@ -118,6 +120,8 @@ class OllamaBackend(Backend):
         if draft and not Path(draft).expanduser().is_file():
             problems.append(Problem(("speculation", "draft"), f"draft file {draft!r} does not "
                                     "exist (DRAFT takes a local GGUF file)"))
+        elif draft:
+            problems += _draft_problems(target.model, draft)
         return problems + check_binary_found(cls, target)
 
     # --- naming and files ---
@@ -151,6 +155,15 @@ class OllamaBackend(Backend):
         for key, value in sorted((t.options.get("parameters") or {}).items()):
             lines.append(f"PARAMETER {key} {value}")
         return "\n".join(lines) + "\n"
+
+    def describe_launch(self, spec: LaunchSpec) -> list[str]:
+        lines = super().describe_launch(spec)
+        draft = self.target.speculation.draft
+        if self.target.speculation.method == "draft" and draft and Path(draft).expanduser().is_file():
+            n = self.target.speculation.length.start or DEFAULT_DRAFT_NUM_PREDICT
+            lines.append("Ollama then runs its llama-server with " + " ".join(
+                runner_draft_args(_architecture(draft), n, str(Path(draft).expanduser()))))
+        return lines
 
     def tunable_length(self) -> str | None:
         return "draft_num_predict (Modelfile)" if self.target.speculation.method == "draft" \
@@ -281,6 +294,44 @@ class OllamaBackend(Backend):
             return Failure(FailureKind.LOAD_ERROR, f"Ollama cannot find the model: "
                            f"{m.group(0).strip()}", False)
         return None
+
+
+def runner_draft_args(architecture: str, n: int, path: str) -> list[str]:
+    """The flags Ollama gives its llama-server for a DRAFT model (v0.33.0-rc2,
+    llm/llama_server.go `appendDraftArgs`, the type from `externalDraftType`): draft-dflash
+    for a draft whose GGUF architecture is dflash, draft-mtp (with backend sampling) for
+    any other; `draft_num_predict` as --spec-draft-n-max, none of it when it is 0."""
+    if n <= 0:
+        return []
+    kind = "draft-dflash" if architecture == "dflash" else "draft-mtp"
+    return ["--spec-type", kind, "--spec-draft-n-max", str(n),
+            *(["--spec-draft-backend-sampling"] if kind == "draft-mtp" else []),
+            "--spec-draft-model", path]
+
+
+def _architecture(path: str) -> str:
+    try:
+        return read_model_facts(str(Path(path).expanduser())).architecture
+    except (OSError, SpecfleetError, ValueError):
+        return "unknown"
+
+
+def _draft_problems(model: str, draft: str) -> list[Problem]:
+    """What Ollama does with this DRAFT, as its source says (v0.33.0-rc2)."""
+    where = ("speculation", "draft")
+    model_path = Path(model).expanduser()
+    if model_path.exists() and model_path.resolve() == Path(draft).expanduser().resolve():
+        return [Problem(where, "Ollama refuses a DRAFT that is the FROM file (parser/parser.go "
+                        "rejectMatchingLocalPath: \"DRAFT must not reference the same local "
+                        "path as FROM\", symlinks resolved); draft with another file")]
+    arch = _architecture(draft)
+    if arch == "dflash":
+        return []
+    return [Problem(where, f"Ollama runs a DRAFT whose architecture is not dflash ({arch}) "
+                    "as an MTP head: --spec-type draft-mtp (llm/llama_server.go "
+                    "externalDraftType), not llama.cpp's draft-model speculation "
+                    "(--spec-type draft-simple, what backend: llamacpp runs for method draft); "
+                    "a plain small model is not an MTP head", "warning")]
 
 
 @hookimpl

@@ -9,6 +9,7 @@ scripts named `vllm` and `ollama` (tests/test_vllm_ollama.py writes them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -72,17 +73,61 @@ def vllm(argv: list[str]) -> int:
     return 0
 
 
+def _modelfile_request(path: Path) -> dict[str, object]:
+    """What `ollama create -f` sends (v0.33.0-rc2, parser/parser.go `CreateRequest`): local
+    FROM and DRAFT files as name -> digest maps (`files`, `draft_files`), PARAMETER lines as
+    typed `parameters`; a DRAFT that is the FROM file (symlinks resolved) is refused."""
+    files: dict[str, str] = {}
+    drafts: dict[str, str] = {}
+    params: dict[str, object] = {}
+    request: dict[str, object] = {}
+    paths: dict[str, list[Path]] = {"from": [], "draft": []}
+    blobs: dict[str, str] = {}  # digest -> local path: uploaded before the request
+    for line in path.read_text().splitlines():
+        command, _, args = line.partition(" ")
+        command = command.lower()
+        if command in ("from", "draft"):
+            local = Path(args).expanduser()
+            if not local.exists():
+                request["from"] = args  # a model name, pulled by the server
+                continue
+            other = paths["draft" if command == "from" else "from"]
+            if any(local.resolve() == o.resolve() for o in other):
+                raise SystemExit(f"Error: DRAFT must not reference the same local path as "
+                                 f"FROM: {local}")
+            paths[command].append(local)
+            digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
+            (files if command == "from" else drafts)[local.name] = digest
+            blobs[digest] = str(local)
+        elif command == "parameter":
+            key, _, value = args.partition(" ")
+            params[key] = int(value) if value.lstrip("-").isdigit() else value
+    return {**request, "files": files, "draft_files": drafts, "parameters": params,
+            "blobs": blobs}
+
+
+def _architecture(path: str) -> str:
+    import gguf
+
+    field = gguf.GGUFReader(path).fields.get("general.architecture")
+    return bytes(field.parts[field.data[0]]).decode() if field else "unknown"
+
+
 def ollama(argv: list[str]) -> int:
     host = os.environ.get("OLLAMA_HOST", "127.0.0.1:11434")
     if argv[:1] == ["--version"]:
         print("ollama version is 0.33.0")
         return 0
     if argv[0] == "create":
-        text = Path(_arg(argv, "-f")).read_text()
-        req = urllib.request.Request(f"http://{host}/api/create", method="POST",
-                                     data=json.dumps({"model": argv[1],
-                                                      "modelfile": text}).encode())
+        request = _modelfile_request(Path(_arg(argv, "-f")))
+        local = request.pop("blobs")
         try:
+            for digest, path in local.items():  # cmd/cmd.go createBlob: POST /api/blobs/<d>
+                blob = urllib.request.Request(f"http://{host}/api/blobs/{digest}", method="POST",
+                                              data=Path(path).read_bytes())
+                urllib.request.urlopen(blob, timeout=30).close()
+            req = urllib.request.Request(f"http://{host}/api/create", method="POST",
+                                         data=json.dumps({"model": argv[1], **request}).encode())
             with urllib.request.urlopen(req, timeout=30) as resp:
                 resp.read()
         except OSError as exc:
@@ -91,27 +136,67 @@ def ollama(argv: list[str]) -> int:
         print("success")
         return 0
     assert argv[0] == "serve", argv
-    models: dict[str, str] = {}
+    blobs: dict[str, Path] = {}
+    models: dict[str, dict[str, object]] = {}
     loaded: set[str] = set()
     timing = (FIXTURES / "llama_server_timing.log").read_text()
+    store = Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models") / "blobs"
 
     async def version(_: web.Request) -> web.Response:
         return web.json_response({"version": "0.33.0"})
 
+    async def blob(request: web.Request) -> web.Response:
+        digest, data = request.match_info["digest"], await request.read()
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            return web.json_response({"error": "digest mismatch"}, status=400)
+        store.mkdir(parents=True, exist_ok=True)
+        blobs[digest] = store / digest.replace(":", "-")
+        blobs[digest].write_bytes(data)
+        return web.Response(status=201)
+
     async def create(request: web.Request) -> web.Response:
         body = await request.json()
-        source = body["modelfile"].splitlines()[0].removeprefix("FROM ").strip()
-        if source.startswith("/") and not Path(source).exists():
-            return web.json_response({"error": f"open {source}: no such file or directory"},
+        layers = {}
+        for kind, files in (("model", body.get("files") or {}), ("draft", body.get("draft_files")
+                                                                  or {})):
+            for name, digest in files.items():
+                if digest not in blobs:
+                    return web.json_response({"error": f"missing blob {digest} ({name})"},
+                                             status=400)
+                layers[kind] = {"mediaType": f"application/vnd.ollama.image.{kind}",
+                                "path": str(blobs[digest])}
+        if "model" not in layers:
+            return web.json_response({"error": "neither 'from' or 'files' was specified"},
                                      status=400)
-        models[body["model"]] = body["modelfile"]
+        models[body["model"]] = {"layers": layers, "parameters": body.get("parameters") or {}}
         return web.json_response({"status": "success"})
+
+    def runner_line(name: str) -> str:
+        """server/sched.go loads the model: llm/llama_server.go startLlamaServer logs its
+        command line (slog's text format), with appendDraftArgs' flags."""
+        model = models[name]
+        layers, params = model["layers"], model["parameters"]
+        argv = ["/usr/lib/ollama/llama-server", "--model", layers["model"]["path"], "--port",
+                "41235", "--host", "127.0.0.1", "--no-webui", "--offline", "-c", "4096",
+                "-np", "1"]
+        if "draft" in layers:
+            n = int(params.get("draft_num_predict", 4))
+            kind = ("draft-dflash" if _architecture(layers["draft"]["path"]) == "dflash"
+                    else "draft-mtp")
+            if n > 0:
+                argv += ["--spec-type", kind, "--spec-draft-n-max", str(n)]
+                argv += ["--spec-draft-backend-sampling"] if kind == "draft-mtp" else []
+                argv += ["--spec-draft-model", layers["draft"]["path"]]
+        return (f'time=2026-12-04T05:00:00.000Z level=INFO source=llama_server.go:404 '
+                f'msg="starting llama-server" cmd="{" ".join(argv)}"')
 
     async def generate(request: web.Request) -> web.Response:
         body = await request.json()
         name = body["model"]
         if name not in models:
             return web.json_response({"error": f"model '{name}' not found"}, status=404)
+        if name not in loaded:
+            print(runner_line(name), file=sys.stderr, flush=True)
         loaded.add(name)
         if not body.get("prompt"):
             return web.json_response({"model": name, "response": "", "done": True,
@@ -121,12 +206,15 @@ def ollama(argv: list[str]) -> int:
                                   "eval_count": 64, "eval_duration": 1490520000})
 
     async def ps(_: web.Request) -> web.Response:
+        # api/types.go ProcessModelResponse: no draft fields.
         return web.json_response({"models": [
             {"name": f"{m}:latest", "model": f"{m}:latest", "size": 300_000_000,
-             "size_vram": 0, "expires_at": "2318-08-23T00:00:00Z"} for m in sorted(loaded)]})
+             "digest": "0" * 64, "size_vram": 0, "context_length": 4096,
+             "expires_at": "2318-08-23T00:00:00Z"} for m in sorted(loaded)]})
 
-    app = web.Application()
+    app = web.Application(client_max_size=2 << 30)
     app.router.add_get("/api/version", version)
+    app.router.add_post("/api/blobs/{digest}", blob)
     app.router.add_post("/api/create", create)
     app.router.add_post("/api/generate", generate)
     app.router.add_get("/api/ps", ps)

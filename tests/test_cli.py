@@ -49,7 +49,7 @@ def test_check_prints_the_full_llama_server_command_of_each_quickstart_target(
 def test_every_shipped_example_validates(example, gemma_model, llama_server_bin, request):
     if example == "vllm-cpu.yaml":
         request.getfixturevalue("vllm_model")  # its model is the provisioned HF copy
-    if example == "pair.yaml":
+    if example in ("pair.yaml", "ollama.yaml"):
         request.getfixturevalue("model_pair")  # the files `specfleet setup --pair` writes
     path = f"examples/{example}"
     if example == "modelkit.yaml":  # its ModelKit, pushed to a real registry on loopback

@@ -43,6 +43,16 @@ def test_our_header_reader_agrees_with_the_gguf_packages_reader(big):
     assert modelfacts.read_tokens(big) == reader.fields["tokenizer.ggml.tokens"].contents()
 
 
+@pytest.mark.parametrize("data", [b"", b"GGUF", b"GGUF\x03\x00", b"GGUF\x09\x00\x00\x00",
+                                  b"NOTGGUF!"])
+def test_a_broken_or_truncated_file_is_a_clear_error_and_leaves_no_file_open(tmp_path, data):
+    # filterwarnings = error: an unclosed file would fail here as a ResourceWarning.
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(data)
+    with pytest.raises(modelfacts.SpecfleetError, match=r"broken\.gguf"):
+        modelfacts.read(str(path))
+
+
 def test_a_small_draft_of_the_same_family_passes(tmp_path, big):
     draft = write_model(tmp_path / "draft.gguf", n_embd=64, n_ff=128, n_layers=2)
     assert check(big, draft) == []

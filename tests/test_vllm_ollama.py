@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.ollama import OllamaBackend
+from plugins.ollama import OllamaBackend, runner_draft_args
 from plugins.vllm import VllmBackend, parse_metrics, speculative_config
 from supervisor.config.schema import Target
 from supervisor.gpu.vram import Assignment
@@ -110,11 +110,12 @@ def test_vllm_failure_output_becomes_clear_errors():
 
 
 def ollama_target(tmp_path, **over) -> Target:
-    model = tmp_path / "m.gguf"
+    model, draft = tmp_path / "m.gguf", tmp_path / "d.gguf"
     model.write_bytes(b"GGUF")
+    draft.write_bytes(b"GGUF")
     return Target(**{"name": "chat", "backend": "ollama", "model": str(model), "port": 11500,
                      "binary": "/bin/true",
-                     "speculation": {"method": "draft", "draft": str(model),
+                     "speculation": {"method": "draft", "draft": str(draft),
                                      "length": {"start": 4}},
                      "options": {"num_ctx": 8192, "modelfile_dir": str(tmp_path),
                                  "parameters": {"temperature": 0.2}}, **over})
@@ -129,10 +130,39 @@ def test_ollama_modelfile_and_serve_command(tmp_path):
     assert spec.env == {"OLLAMA_HOST": "127.0.0.1:11500", "OLLAMA_KEEP_ALIVE": "-1",
                         "OLLAMA_MODELS": "/srv/ollama"}
     assert spec.files == {str(tmp_path / "chat.Modelfile"): (
-        f"FROM {tmp_path}/m.gguf\nDRAFT {tmp_path}/m.gguf\nPARAMETER draft_num_predict 6\n"
+        f"FROM {tmp_path}/m.gguf\nDRAFT {tmp_path}/d.gguf\nPARAMETER draft_num_predict 6\n"
         "PARAMETER num_ctx 8192\nPARAMETER temperature 0.2\n")}
     without = OllamaBackend(target).launch_spec(6, speculation=False)
     assert "DRAFT" not in next(iter(without.files.values()))
+
+
+def test_ollama_checks_a_draft_as_its_source_runs_it(tmp_path):
+    """v0.33.0-rc2: parser/parser.go refuses a DRAFT that is the FROM file (symlinks
+    resolved); llm/llama_server.go runs any draft whose architecture is not dflash as
+    --spec-type draft-mtp with backend sampling, draft_num_predict as --spec-draft-n-max."""
+    target = ollama_target(tmp_path)
+    same = target.model_copy(update={"speculation": target.speculation.model_copy(
+        update={"draft": target.model})})
+    link = tmp_path / "link.gguf"
+    link.symlink_to(tmp_path / "m.gguf")
+    linked = target.model_copy(update={"speculation": target.speculation.model_copy(
+        update={"draft": str(link)})})
+    for refused in (same, linked):
+        (problem,) = [p for p in OllamaBackend.check(refused) if p.severity == "error"]
+        assert problem.path == ("speculation", "draft")
+        assert "must not reference the same local path as FROM" in problem.message
+    (warning,) = [p for p in OllamaBackend.check(target) if p.path == ("speculation", "draft")]
+    assert warning.severity == "warning" and "--spec-type draft-mtp" in warning.message
+    assert runner_draft_args("gemma3", 4, "/d") == [
+        "--spec-type", "draft-mtp", "--spec-draft-n-max", "4", "--spec-draft-backend-sampling",
+        "--spec-draft-model", "/d"]
+    assert runner_draft_args("dflash", 6, "/d") == [
+        "--spec-type", "draft-dflash", "--spec-draft-n-max", "6", "--spec-draft-model", "/d"]
+    assert runner_draft_args("gemma3", 0, "/d") == []
+    backend = OllamaBackend(target)
+    said = backend.describe_launch(backend.launch_spec())
+    assert said[-1].startswith("Ollama then runs its llama-server with --spec-type draft-mtp "
+                               "--spec-draft-n-max 4")
 
 
 def test_ollama_refuses_a_network_bind_unless_a_proxy_guards_it(tmp_path):
@@ -157,7 +187,7 @@ def test_ollama_acceptance_and_throughput_come_from_the_llama_server_log_lines(t
     assert sample.tokens_predicted_seconds == pytest.approx((1777.93 + 1490.52) / 1000)
 
 
-def test_check_of_the_vllm_and_ollama_examples_prints_the_json_and_the_modelfile():
+def test_check_of_the_vllm_and_ollama_examples_prints_the_json_and_the_modelfile(model_pair):
     vllm = subprocess.run([sys.executable, "-m", "supervisor", "check", "examples/vllm.yaml"],
                           capture_output=True, text=True, cwd=REPO, check=False)
     assert vllm.returncode == 0, vllm.stderr
@@ -167,6 +197,8 @@ def test_check_of_the_vllm_and_ollama_examples_prints_the_json_and_the_modelfile
                             capture_output=True, text=True, cwd=REPO, check=False)
     assert ollama.returncode == 0, ollama.stderr
     assert "DRAFT " in ollama.stdout and "PARAMETER draft_num_predict 4" in ollama.stdout
+    assert "Ollama then runs its llama-server with --spec-type draft-mtp" in ollama.stdout
+    assert "as an MTP head" in ollama.stderr  # the warning, from the draft's architecture
 
 
 # --- supervised by the real daemon, against the stand-ins ---
@@ -209,18 +241,19 @@ def test_a_vllm_cuda_out_of_memory_is_retried_once_then_failed(tmp_path, start_d
     assert "torch.OutOfMemoryError: CUDA out of memory" in failed["last_event"]["reason"]
 
 
-def test_an_ollama_target_is_created_loaded_and_its_log_read(tmp_path, model, start_daemon):
-    port = free_port()
+def test_an_ollama_target_is_created_loaded_and_its_log_read(tmp_path, model, model_pair,
+                                                            start_daemon):
+    port, draft = free_port(), model_pair["partial_draft"]
     fleet = write_fleet(tmp_path, {"chat": {
         "backend": "ollama", "model": model, "port": port, "binary": runtime(tmp_path, "ollama"),
-        "speculation": {"method": "draft", "draft": model, "length": {"start": 4}},
+        "speculation": {"method": "draft", "draft": draft, "length": {"start": 4}},
         "options": {"modelfile_dir": str(tmp_path / "modelfiles")},
         "health": dict(FAST_HEALTH), "restart": dict(FAST_RESTART),
         "tuning": {"enabled": False}}})
     daemon = start_daemon(fleet)
     daemon.wait_state("chat", "ready", 30)
     modelfile = (tmp_path / "modelfiles" / "chat.Modelfile").read_text()
-    assert f"DRAFT {model}" in modelfile and "PARAMETER draft_num_predict 4" in modelfile
+    assert f"DRAFT {draft}" in modelfile and "PARAMETER draft_num_predict 4" in modelfile
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/ps", timeout=5) as resp:
         assert [m["name"] for m in json.loads(resp.read())["models"]] == ["specfleet-chat:latest"]
     req = urllib.request.Request(f"http://127.0.0.1:{port}/api/generate", method="POST",
@@ -231,6 +264,12 @@ def test_an_ollama_target_is_created_loaded_and_its_log_read(tmp_path, model, st
     metrics = wait_for(lambda: daemon.target("chat")["metrics"].get("drafts"), 30,
                        "acceptance from the server's log")
     assert metrics == 23 and daemon.target("chat")["metrics"]["accepted_tokens"] == 83
+    # What the stand-in's runner was started with, as the plugin reads Ollama's source too.
+    log = Path(daemon.target("chat")["log_file"]).read_text()
+    runner = next(ln for ln in log.splitlines() if 'msg="starting llama-server"' in ln)
+    flags = runner.split('cmd="', 1)[1].rstrip('"').split()
+    spec = flags[flags.index("--spec-type"):]
+    assert spec[:-1] == runner_draft_args("gemma3", 4, "")[:-1]  # the draft as a blob path
 
 
 def test_an_existing_ollama_server_gets_its_model_managed_and_is_left_running(

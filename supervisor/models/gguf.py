@@ -103,25 +103,32 @@ class GGUFHeader:
     def __enter__(self) -> GGUFHeader:
         try:
             self._file = open(self.path, "rb")
-            self.buf = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise SpecfleetError(f"cannot read {self.path}: {exc}") from exc
-        if self.buf[:4] != b"GGUF":
+        try:  # whatever is wrong with the file, it is closed again (a 4-byte file: truncated)
+            try:
+                self.buf = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as exc:  # an empty file cannot be mapped
+                raise SpecfleetError(f"cannot read {self.path}: {exc}") from exc
+            if self.buf[:4] != b"GGUF":
+                raise SpecfleetError(f"{self.path} is not a GGUF file (it does not start with "
+                                     "'GGUF')")
+            self.pos = 4
+            self.version = self._u32()
+            if self.version not in (2, 3):
+                raise SpecfleetError(f"{self.path}: GGUF version {self.version} is not supported")
+            self.n_tensors, self.n_kv = self._u64(), self._u64()
+        except BaseException:
             self.close()
-            raise SpecfleetError(f"{self.path} is not a GGUF file (it does not start with 'GGUF')")
-        self.pos = 4
-        self.version = self._u32()
-        if self.version not in (2, 3):
-            self.close()
-            raise SpecfleetError(f"{self.path}: GGUF version {self.version} is not supported")
-        self.n_tensors, self.n_kv = self._u64(), self._u64()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        self.buf.close()
+        if hasattr(self, "buf"):
+            self.buf.close()
         self._file.close()
 
     def _unpack(self, fmt: str) -> Any:
