@@ -10,6 +10,7 @@ import pytest
 
 from supervisor.config.loader import load_fleet
 from tests.conftest import REPO
+from tests.ggufs import write_model
 
 GOOD_TARGET = "    model: {model}\n    binary: {binary}\n"
 
@@ -71,6 +72,9 @@ CASES: list[tuple[str, str | bytes, int, str | None, list[str]]] = [
      "targets.a.speculation.length.start", ["40", "32"]),
     ("missing model file", "version: 1\ntargets:\n  a:\n    model: /nowhere/m.gguf\n"
      "    binary: {binary}\n    port: 8001\n", 4, "targets.a.model", ["/nowhere/m.gguf", "does not exist"]),
+    ("truncated model file", "version: 1\ntargets:\n  a:\n    model: {cut}\n"
+     "    binary: {binary}\n    port: 8001\n", 4, "targets.a.model",
+     ["cut.gguf is truncated", "did not finish"]),
     ("missing draft file",
      "version: 1\ntargets:\n  a:\n{t}    port: 8001\n    speculation:\n      method: draft\n"
      "      draft: /nowhere/d.gguf\n", 9, "targets.a.speculation.draft", ["/nowhere/d.gguf"]),
@@ -191,7 +195,9 @@ def files(tmp_path_factory) -> dict[str, str]:
     binary = d / "llama-server"
     binary.write_text("#!/bin/sh\nexit 0\n")
     binary.chmod(0o755)
-    return {"model": str(model), "binary": str(binary), "dir": str(d)}
+    cut = write_model(d / "cut.gguf")
+    cut.write_bytes(cut.read_bytes()[:-100])  # a download that did not finish
+    return {"model": str(model), "binary": str(binary), "dir": str(d), "cut": str(cut)}
 
 
 def test_there_are_at_least_25_cases():

@@ -275,3 +275,26 @@ def test_a_group_swaps_its_members_without_a_vram_plan_and_an_api_restart_loads(
         pass
     daemon.wait_state("one", "ready", 60)  # the restart of an unloaded target is a load
     assert loaded(daemon) == {"one"} and daemon.target("one")["restarts_by_reason"] == {}
+
+
+def test_a_model_truncated_while_unloaded_is_refused_before_anything_is_evicted_for_it(
+        tmp_path, model, llama_server_bin, start_daemon):
+    """A model file replaced by a copy that did not finish (its header whole, its tensors
+    cut): the load is refused at once with why, and the loaded target stays."""
+    whole = Path(model).read_bytes()
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(whole)
+    fleet = fleet_of(tmp_path, {"a": on_demand(model, llama_server_bin),
+                                "b": on_demand(str(copy), llama_server_bin)}, fit=1)
+    daemon = start_daemon(fleet)
+    daemon.wait_state("b", "unloaded", 30)
+    assert complete(fleet, "a") and loaded(daemon) == {"a"}
+    copy.write_bytes(whole[: len(whole) * 2 // 3])
+    began = time.monotonic()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        complete(fleet, "b")
+    said = refused.value.read().decode()
+    assert refused.value.code == 503 and "is truncated" in said, said
+    assert time.monotonic() - began < 30  # not after a load attempt and its crash
+    assert loaded(daemon) == {"a"} and unload_reasons(daemon, "a") == []
+    assert daemon.target("b")["state"] == "unloaded"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import pytest
 import yaml
@@ -51,6 +53,25 @@ def test_a_broken_or_truncated_file_is_a_clear_error_and_leaves_no_file_open(tmp
     path.write_bytes(data)
     with pytest.raises(modelfacts.SpecfleetError, match=r"broken\.gguf"):
         modelfacts.read(str(path))
+
+
+def test_a_gguf_file_shorter_than_its_header_says_is_found_truncated(tmp_path, big):
+    from supervisor.models import gguf as ggufheader
+
+    data = Path(big).read_bytes()
+    assert ggufheader.truncation(Path(big)) is None
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:-1])  # one byte short of its last tensor's end
+    said = ggufheader.truncation(cut)
+    assert said is not None and f"end at byte {len(data):,}" in said
+    assert f"the file has {len(data) - 1:,} bytes" in said
+    files = {"model": str(big), "draft": str(cut)}
+    assert ggufheader.incomplete(files) == f"draft file {said}"
+    assert ggufheader.incomplete({"model": str(big)}) is None
+    (tmp_path / "notes.txt").write_text("not a model")  # not GGUF: the runtime's to judge
+    assert ggufheader.incomplete({"model": str(tmp_path / "notes.txt")}) is None
+    cut.write_bytes(data[:6])  # the header itself cut: the runtime's to say, never raised
+    assert ggufheader.incomplete({"model": str(cut)}) is None
 
 
 def test_a_small_draft_of_the_same_family_passes(tmp_path, big):

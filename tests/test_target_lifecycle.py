@@ -127,6 +127,18 @@ async def test_a_target_starts_loads_and_becomes_ready(start_target):
     assert run.world.starts[0].argv == ("fake-runtime", "--port", "1")
 
 
+async def test_a_truncated_model_file_is_refused_before_the_runtime_starts(start_target,
+                                                                            tmp_path):
+    from tests.ggufs import write_model
+    path = write_model(tmp_path / "m.gguf")
+    path.write_bytes(path.read_bytes()[:-64])  # a copy that did not finish
+    run = start_target(model=str(path))
+    await run.reaches(S.FAILED)
+    assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, S.FAILED)]
+    assert run.world.starts == []
+    assert "model file" in run.events[-1].reason and "is truncated" in run.events[-1].reason
+
+
 async def test_a_start_the_backend_refuses_fails_without_a_process(start_target, monkeypatch):
     async def refuse(self: FakeBackend) -> Any:
         raise SpecfleetError("fake-runtime is too old")

@@ -9,7 +9,7 @@ import re
 import stat
 from pathlib import Path
 
-from supervisor.plugin import ContextSettings, Target
+from supervisor.plugin import ContextSettings, Target, gguf_incomplete
 
 SPEC_TYPE = {
     "draft": "draft-simple",
@@ -136,4 +136,4 @@ def gguf_file_problem(kind: str, value: str) -> str | None:
         return f"{shown} is a directory, expected a GGUF file"
     if not stat.S_ISREG(mode):
         return f"{shown} is not a regular file, expected a GGUF file"
-    return None
+    return gguf_incomplete({kind: str(path)})  # a download that did not finish

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 from supervisor.gpu import swap
 from supervisor.gpu.placement import Placer
+from supervisor.models.gguf import incomplete
 from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.states import State
@@ -50,6 +51,9 @@ class OnDemandLoader:
             said_wait = False
             while (sup := self.supervisors().get(name)) is not None \
                     and sup.state is State.UNLOADED:
+                if (why := await asyncio.to_thread(incomplete, sup.backend.model_files())):
+                    sup.loading.refuse_load(f"cannot load: {why}")  # and evict nothing for it
+                    return
                 choice = self._choose(sup)
                 if choice.impossible is not None:
                     sup.loading.refuse_load(f"cannot load: {choice.impossible}")

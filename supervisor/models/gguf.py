@@ -13,17 +13,20 @@ reader, writer and quantisers, and numpy with them, which cost the daemon 12.5 M
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import mmap
 import struct
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from supervisor.errors import SpecfleetError
+from supervisor.models.identity import FileIdentity, file_identity
 
 
 def _gguf_constants() -> ModuleType:
@@ -73,6 +76,50 @@ def read_header(path: Path) -> tuple[dict[str, Any], list[Tensor]]:
     with GGUFHeader(path) as header:
         meta = dict(header.metadata())
         return meta, header.tensors()
+
+
+def truncation(path: Path) -> str | None:
+    """Why a GGUF file is shorter than its own header says, or None when its tensors all
+    end within it. A model still downloading or copied in part has a whole header (it comes
+    first) and llama-server fails only once it reaches the missing data; refused before the
+    start instead, it cannot cost a start, a crash loop or an eviction of others."""
+    with GGUFHeader(path) as header:
+        meta = dict(header.metadata())
+        tensors = header.tensors()
+        align = int(meta.get("general.alignment", 32) or 32)
+        start = -(-header.pos // align) * align  # the data section, aligned after the infos
+        ends = [off + tensor_bytes(shape, ttype)
+                for (_, shape, ttype), off in zip(tensors, header.offsets, strict=True)]
+        size = len(header.buf)
+    need = start + max(ends, default=0)
+    if size >= need:
+        return None
+    return (f"{path} is truncated: its tensors end at byte {need:,} but the file has "
+            f"{size:,} bytes ({size * 100 // need}%): a download or copy that did not finish?")
+
+
+def incomplete(files: Mapping[str, str]) -> str | None:
+    """Why one of a target's model files (by role: model, draft) cannot be loaded whole: a
+    GGUF file shorter than its header says. None when every GGUF file's tensors are all in
+    it; a file whose header itself cannot be read is the runtime's (or the pairing guard's)
+    to judge, as are files of other formats."""
+    for role, name in files.items():
+        path = Path(name)
+        identity = file_identity(path)
+        if identity is None or not path.is_file() or path.suffix.lower() != ".gguf":
+            continue
+        if (why := _truncation_of(identity)) is not None:
+            return f"{role} file {why}"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _truncation_of(identity: FileIdentity) -> str | None:
+    """Per file identity (size and times in it): a file that grows is read again."""
+    try:
+        return truncation(Path(identity.path))
+    except SpecfleetError:
+        return None  # not a readable GGUF header: not what this check judges
 
 
 def read_tokens(path: Path) -> list[str]:
@@ -194,11 +241,12 @@ class GGUFHeader:
     def tensors(self) -> list[Tensor]:
         """(name, shape, ggml type) of every tensor; call after metadata()."""
         out = []
+        self.offsets: list[int] = []  # each tensor's data, from the data section's start
         for _ in range(self.n_tensors):
             name = self._str()
             n_dims = self._u32()
             shape = tuple(self._u64() for _ in range(n_dims))
             ttype = self._u32()
-            self._u64()  # data offset
+            self.offsets.append(self._u64())
             out.append((name, shape, ttype))
         return out

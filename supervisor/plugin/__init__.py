@@ -24,6 +24,7 @@ from supervisor.gpu.vram import (
 )
 from supervisor.models.facts import ModelFacts
 from supervisor.models.facts import read as read_model_facts
+from supervisor.models.gguf import incomplete as gguf_incomplete
 from supervisor.models.identity import FileIdentity, file_identity
 from supervisor.plugin.backend import (
     LENGTHS_BY_LOAD,
@@ -108,6 +109,7 @@ __all__ = [
     "example_model_path",
     "file_identity",
     "find_out_of_memory",
+    "gguf_incomplete",
     "hookimpl",
     "llamacpp_model",
     "log_tail",

@@ -5,12 +5,14 @@ start impossible (StartRefused, SpecfleetError); the owner turns that into a fai
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from supervisor.errors import NotReachableYet, StartRefused
 from supervisor.gpu.placement import Placer
+from supervisor.models.gguf import incomplete
 from supervisor.plugin.backend import Backend, Failure, FailureKind, LaunchSpec
 from supervisor.plugin.launching import Launcher, RunningProcess
 from supervisor.supervision.explain import pairing_warnings
@@ -28,6 +30,8 @@ async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Pl
                      tuner: AutoTuner, pairing: Callable[[list[str]], None]) -> StartPlan:
     """`pairing` gets the pairing guard's warnings (cached per file: cheap after the first)."""
     backend.executor = await launcher.runtime_host(name)
+    if (why := await asyncio.to_thread(incomplete, backend.model_files())) is not None:
+        raise StartRefused(why)  # before the runtime loads half a model and crashes on it
     info = await backend.preflight()
     pairing(await pairing_warnings(backend))
     assignment = await placer.check_start(name) if placer else None
