@@ -134,6 +134,35 @@ def test_a_new_daemon_adopts_running_units_after_kill_9_and_removes_units_of_rem
     assert "couldn't bind" not in journal.stdout
 
 
+def test_two_daemons_on_one_manager_never_touch_each_others_units(
+        tmp_path, model, llama_server_bin, lab, lab_daemon):
+    """Two state dirs, each with a systemd target `same`: the second daemon's start is
+    refused (the unit names its daemon: X-Specfleet-StateDir) and leaves the first's unit
+    running as it was; its other target runs; neither daemon's leftover sweep removes the
+    other's units, and the first daemon stopping leaves the second's alone."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    first = lab_daemon(fleet_of(one, {"same": systemd_target(model, llama_server_bin)}))
+    pid = first.wait_state("same", "ready")["pid"]
+    unit_text = lab.run("cat", "/etc/systemd/system/specfleet-same.service").stdout
+    assert f"X-Specfleet-StateDir={one / 'state'}" in unit_text
+    second = lab_daemon(fleet_of(two, {"same": systemd_target(model, llama_server_bin),
+                                       "other": systemd_target(model, llama_server_bin)}))
+    refused = second.wait_state("same", "failed")
+    reason = refused["last_event"]["reason"]
+    assert "belongs to the specfleet daemon whose state dir is" in reason, reason
+    assert str(one / "state") in reason and "rename one of them" in reason
+    second.wait_state("other", "ready")
+    assert lab.show("specfleet-same.service", "MainPID") == str(pid)  # untouched
+    assert lab.run("cat", "/etc/systemd/system/specfleet-same.service").stdout == unit_text
+    # The first daemon again, after the second started "other": its sweep keeps "other".
+    first.stop()
+    again = lab_daemon(fleet_of(one, {"same": systemd_target(model, llama_server_bin)}))
+    assert again.wait_state("same", "ready")["pid"] == pid  # adopted
+    assert lab.show("specfleet-other.service", "ActiveState") == "active"
+
+
 def test_sigterm_leaves_units_running_unless_stop_targets_on_exit(
         tmp_path, model, llama_server_bin, lab, lab_daemon):
     fleet = fleet_of(tmp_path, {"chat": systemd_target(model, llama_server_bin)})

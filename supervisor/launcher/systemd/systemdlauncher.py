@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.atomicfile import write_text
 from supervisor.config.daemonsettings import SystemdSettings
 from supervisor.config.schema import Fleet
-from supervisor.errors import SpecfleetError
+from supervisor.errors import SpecfleetError, StartRefused
 from supervisor.launcher.running import TargetProcess
 from supervisor.launcher.systemd import unitfile
 from supervisor.launcher.systemd.manager import SERVICE, UNIT, SystemdError, SystemdManager
@@ -161,7 +162,7 @@ class SystemdLauncher(Launcher):
         env_file = str(self.env_dir / f"{name}.env") if spec.secret_env else None
         text = unitfile.render_target(name, spec, description=spec.argv[0].rsplit("/", 1)[-1],
                                    stop_grace=stop_grace, working_directory=str(self.state_dir),
-                                   env_file=env_file)
+                                   env_file=env_file, state_dir=str(self.state_dir))
         return text, unitfile.render_env_file(spec) if spec.secret_env else None
 
     async def _install(self, name: str, spec: LaunchSpec, stop_grace: float) -> None:
@@ -183,12 +184,41 @@ class SystemdLauncher(Launcher):
         except OSError:
             return False
 
+    # --- units of another daemon (another state dir) on the same manager ---
+
+    def _foreign_owner(self, name: str) -> str | None:
+        """The state dir of another daemon whose unit the target's would be; None when the
+        unit is ours, absent, or written before units named their daemon."""
+        try:
+            text = (self.unit_dir / unitfile.unit_name(name)).read_text()
+        except OSError:
+            return None
+        owner = unitfile.owner_of(text)
+        if owner is None or os.path.realpath(owner) == os.path.realpath(self.state_dir):
+            return None
+        return owner
+
+    async def _refuse_foreign(self, name: str) -> None:
+        """StartRefused while the unit belongs to another daemon that runs it or is alive;
+        one whose daemon is gone (its lock free) and whose unit is stopped is taken over."""
+        if (owner := self._foreign_owner(name)) is None:
+            return
+        unit = unitfile.unit_name(name)
+        states = {n: state for n, state, _ in await self.manager.list_units([unit])}
+        running = states.get(unit) in _ACTIVE
+        if running or _lock_held(Path(owner) / "daemon.lock"):
+            raise StartRefused(
+                f"{unit} belongs to the specfleet daemon whose state dir is {owner} (the unit "
+                f"{'runs' if running else 'is stopped, and that daemon runs'}): two daemons on "
+                f"one systemd manager cannot both have a target {name!r}; rename one of them")
+
     # --- the Launcher interface ---
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> SystemdUnit:
         """`on_line` is not fed: the output goes to the journal, not through specfleet."""
         await self.connect()
+        await self._refuse_foreign(name)
         unit = unitfile.unit_name(name)
         spec.write_files()
         await self._install(name, spec, stop_grace)
@@ -213,6 +243,7 @@ class SystemdLauncher(Launcher):
                     stop_grace: float = 15.0) -> tuple[SystemdUnit | None, str]:
         """The target's unit if it still runs the command specfleet would start now."""
         await self.connect()
+        await self._refuse_foreign(name)
         unit = unitfile.unit_name(name)
         states = {n: state for n, state, _ in await self.manager.list_units([unit])}
         if states.get(unit) not in _ACTIVE:
@@ -231,7 +262,7 @@ class SystemdLauncher(Launcher):
             await self.connect()
             unit = unitfile.unit_name(name)
             states = {n: state for n, state, _ in await self.manager.list_units([unit])}
-            if states.get(unit) not in _ACTIVE:
+            if states.get(unit) not in _ACTIVE or self._foreign_owner(name) is not None:
                 return ""
             await self.manager.run_job("StopUnit", unit)
         except (SpecfleetError, OSError) as exc:  # the manager's errors, its socket's
@@ -253,8 +284,8 @@ class SystemdLauncher(Launcher):
         removed = []
         for unit in sorted(names):
             target = unitfile.target_of(unit)
-            if target is None or target in keep:
-                continue
+            if target is None or target in keep or self._foreign_owner(target) is not None:
+                continue  # not a target unit, still wanted, or another daemon's
             with contextlib.suppress(SystemdError):
                 await self.manager.run_job("StopUnit", unit)
             for path in (self.unit_dir / unit, self.env_dir / f"{target}.env"):
@@ -282,6 +313,21 @@ class SystemdLauncher(Launcher):
         return ""
 
     # Units are not orphans to sweep: they are adopted, or removed by remove_leftovers.
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether a daemon holds the lock of its state dir (lifecycle.py's flock): alive."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
 
 
 def _write_if_changed(path: Path, text: str, mode: int) -> bool:

@@ -31,6 +31,21 @@ SOCKET_UNIT = "specfleet.socket"
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 
+# The state dir of the daemon that wrote a target unit (systemd ignores X- keys): two
+# daemons on one manager (two state dirs) share the unit namespace, and one must neither
+# rewrite, adopt nor remove the other's units.
+OWNER_KEY = "X-Specfleet-StateDir"
+
+
+def owner_of(text: str) -> str | None:
+    """The state dir a target unit's text names as its daemon's; None for a unit written
+    before the key existed."""
+    for line in text.splitlines():
+        if line.startswith(f"{OWNER_KEY}="):
+            return line.split("=", 1)[1].strip() or None
+    return None
+
+
 def unit_name(target: str) -> str:
     return f"{UNIT_PREFIX}{target}.service"
 
@@ -56,14 +71,17 @@ def _env_line(key: str, value: str) -> str:
 
 
 def render_target(name: str, spec: LaunchSpec, *, description: str, stop_grace: float,
-                  working_directory: str, env_file: str | None) -> str:
-    """The unit of one target. Secrets (spec.secret_env) belong in `env_file`."""
+                  working_directory: str, env_file: str | None,
+                  state_dir: str | None = None) -> str:
+    """The unit of one target. Secrets (spec.secret_env) belong in `env_file`; `state_dir`
+    marks which daemon the unit belongs to (`owner_of`)."""
     public = {k: v for k, v in sorted(spec.env.items()) if k not in spec.secret_env}
     lines = [
         "# Written by specfleet; it is rewritten when the target's command changes.",
         "[Unit]",
         f"Description=specfleet target {name}: {description}",
         "After=network.target",
+        *([f"{OWNER_KEY}={state_dir}"] if state_dir else []),
         "",
         "[Service]",
         "Type=exec",
