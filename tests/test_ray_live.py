@@ -176,13 +176,20 @@ def test_a_dead_worker_node_moves_the_target_to_the_other_node(
         tmp_path, model, llama_server_bin, ray_cluster, daemons):
     fleet = ray_fleet(tmp_path, ray_cluster, {
         "chat": ray_target(model, llama_server_bin, ["worker-a", "worker-b"],
-                           speculation={"method": "ngram"})})
+                           speculation={"method": "ngram"}),
+        "pinned": ray_target(model, llama_server_bin, ["worker-a"], gpus="none")})
     daemon = daemons(fleet)
     before = daemon.wait_state("chat", "ready", 180)
     assert node_name(before).startswith("worker-a ")
+    daemon.wait_state("pinned", "ready", 180)
     raylet = ray_cluster.raylet_of("worker-a")
     raylet.kill()
     try:
+        # Pinned to the dead node: not restarted onto it while Ray still lists it alive
+        # ("The actor died unexpectedly"), but failed once Ray says it is gone.
+        failed = daemon.wait_state("pinned", "failed", 180)
+        assert "no node fits: worker-a (" in failed["last_event"]["reason"]
+        assert ") is gone" in failed["last_event"]["reason"], failed["last_event"]
         after = wait_for(lambda: (t := daemon.target("chat")).get("state") == "ready"
                          and node_name(t).startswith("worker-b ") and t, 180,
                          "the target back on worker-b")

@@ -38,9 +38,16 @@ def test_a_dead_preferred_node_gives_way_to_the_next_one() -> None:
     assert not isinstance(choice, str) and choice.node == A
 
 
-def test_a_node_that_just_lost_an_actor_is_tried_last() -> None:
+def test_a_node_that_just_lost_an_actor_is_passed_over_while_ray_decides() -> None:
     choice = choose([A, B], ("worker-a", "worker-b"), {}, suspect=frozenset({A.node_id}))
     assert not isinstance(choice, str) and choice.node == B
+    # Pinned to it: no choice yet (the launcher waits for Ray), saying why.
+    why = choose([A, B], ("worker-a",), {}, suspect=frozenset({A.node_id}))
+    assert isinstance(why, str) and "lost an actor of ours moments ago" in why
+    # Once Ray has marked it dead: gone, as for any dead node.
+    dead_a = node("aaaaaaaa11112222", "worker-a", alive=False)
+    gone = choose([dead_a, B], ("worker-a",), {}, suspect=frozenset({A.node_id}))
+    assert gone == "no node fits: worker-a (10.0.0.5, node aaaaaaaa) is gone"
 
 
 def test_no_node_fits_says_what_each_node_lacks() -> None:

@@ -107,10 +107,15 @@ def choose(nodes: Iterable[NodeView], preference: tuple[str, ...], need: Mapping
                 f"{list(preference)} (node names: hostname, address, node id, label or "
                 "custom resource)")
     why = []
-    ordered = sorted(options, key=lambda c: c.node.node_id in suspect)  # stable: keeps order
-    for choice in ordered:
+    for choice in options:
         if not choice.node.alive:
             why.append(f"{choice.node.describe(choice.name)} is gone")
+        elif choice.node.node_id in suspect:
+            # Ray's node table says alive for seconds after a node dies (until its health
+            # checks fail): an actor placed there dies at once ("The actor died
+            # unexpectedly"), so the node is passed over until Ray has made up its mind.
+            why.append(f"{choice.node.describe(choice.name)} lost an actor of ours moments "
+                       "ago (Ray may not know yet whether it is gone)")
         elif (lack := shortfall(choice.node, need)) is not None:
             why.append(f"{choice.node.describe(choice.name)} has {lack}")
         else:

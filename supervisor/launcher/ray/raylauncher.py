@@ -37,7 +37,10 @@ from supervisor.plugin.launching import ChildBook, Launcher, LauncherContext, La
 if TYPE_CHECKING:
     from supervisor.plugin.values import LaunchSpec
 
-_SUSPECT_FOR = 120.0  # seconds a node that lost an actor of ours is tried last
+_SUSPECT_FOR = 120.0  # seconds a node that lost an actor of ours stays suspect
+# How long a start waits for Ray to tell whether a suspect node is gone: its GCS marks a
+# node dead after the node's health checks fail (about 15 s at Ray's defaults).
+_SUSPECT_WAIT = 30.0
 # Seconds a start waits for a node to fit before giving up: the resources of an actor that
 # just ended reach the cluster's books a moment after it is dead.
 _SETTLE = 10.0
@@ -188,12 +191,16 @@ class RayLauncher(Launcher):
         await self._connected()
         need = demand(num_gpus(target), target.ray.num_cpus, target.ray.resources)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _SETTLE
+        began = loop.time()
         while True:
-            choice = choose(await self.cluster.nodes(), target.ray.nodes, need, self._suspects())
+            waited = loop.time() - began
+            # Nodes that just lost an actor are passed over while Ray decides whether they
+            # are gone (at most _SUSPECT_WAIT); then tried like any other.
+            suspects = self._suspects() if waited < _SUSPECT_WAIT else frozenset()
+            choice = choose(await self.cluster.nodes(), target.ray.nodes, need, suspects)
             if not isinstance(choice, str):
                 return choice
-            if loop.time() >= deadline:
+            if waited >= (_SUSPECT_WAIT if suspects else _SETTLE):
                 raise SpecfleetError(f"target '{target.name}' cannot run on the Ray cluster: "
                                      f"{choice}")
             await asyncio.sleep(0.5)
