@@ -109,6 +109,29 @@ class LocalRegistry:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.read()
 
+    def push_modelpack(self, repo: str, tag: str, weights: list[tuple[str, bytes]],
+                       name: str) -> str:
+        """A CNCF ModelPack (model-spec docs/spec.md): one raw weight layer per file with its
+        `org.cncf.model.filepath`, the ModelPack config (descriptor, config, modelfs with
+        each layer's diffId, the digest of a raw layer); no Kitfile. Its digest."""
+        layers, diff_ids = [], []
+        for path, data in weights:
+            digest = self.push_blob(repo, data)
+            diff_ids.append(digest)
+            layers.append({"mediaType": "application/vnd.cncf.model.weight.v1.raw",
+                           "digest": digest, "size": len(data),
+                           "annotations": {"org.cncf.model.filepath": path}})
+        config = json.dumps({"descriptor": {"name": name},
+                             "config": {"format": "gguf"},
+                             "modelfs": {"type": "layers", "diffIds": diff_ids}}).encode()
+        manifest = {"schemaVersion": 2,
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "artifactType": "application/vnd.cncf.model.manifest.v1+json",
+                    "config": {"mediaType": "application/vnd.cncf.model.config.v1+json",
+                               "digest": self.push_blob(repo, config), "size": len(config)},
+                    "layers": layers}
+        return self.push_manifest(repo, tag, manifest)
+
     def push_modelkit(self, repo: str, tag: str, model: tuple[str, bytes],
                       parts: list[tuple[str, str, bytes]], package: dict[str, str]) -> str:
         """A ModelKit of a model (path, bytes) and parts (name, path, bytes); its digest."""

@@ -106,3 +106,16 @@ def test_the_kitfile_a_modelkit_carries_reads_the_same_in_kitops_own_package(
     assert [p.path for p in kitfile.model.parts] == [resolved.artifact.draft().path]
     assert [p.name for p in kitfile.model.parts] == [resolved.artifact.draft().name]
     assert kitfile.package.name == resolved.artifact.package["name"]
+
+
+def test_a_cncf_modelpack_is_pulled_the_same_way_its_weights_found_by_filepath(
+        tmp_path, oci_registry):
+    pushed = oci_registry.push_modelpack(
+        "ns/pack", "v1", [("weights/draft.gguf", DRAFT), ("weights/target.gguf", TARGET)],
+        "pack")
+    resolved, paths = asyncio.run(pull(f"{oci_registry.host}/ns/pack:v1",
+                                       LayerStore(tmp_path / "cache")))
+    assert resolved.digest == pushed and resolved.artifact.format == "modelpack"
+    # No Kitfile: the largest GGUF weight is the model, the only other one the draft.
+    assert paths["model"].read_bytes() == TARGET and paths["draft"].read_bytes() == DRAFT
+    assert paths["model"].name == "target.gguf" and resolved.artifact.package == {}
