@@ -56,6 +56,7 @@ async def pull_kit(owner: Owner) -> None:
     said = f"{resolved.ref} is {resolved.digest}" + (
         f" (from the cache: {resolved.offline})" if resolved.offline else "")
     _emit(owner, f"{said}; pulling what is not cached", **provenance)
+
     def progress(done: int, total: int) -> None:  # read by the API, live (not journaled)
         owner.kit = {**provenance, "pull": {"done": done, "total": total}}
 
