@@ -45,10 +45,11 @@ def ray_fleet(tmp_path: Path, cluster: RayCluster, targets: dict[str, Any],
 
 
 def ray_target(model: str, binary: str, nodes: list[str], **over: Any) -> dict[str, Any]:
-    return llama_target(model, binary, launcher="ray", gpus=[0], ray={"nodes": nodes},
-                        **{"health": {"interval": "0.5s", "timeout": "2s", "failures": 4,
-                                      "metrics_interval": "1s", "start_timeout": "120s"},
-                           **over})
+    return llama_target(model, binary, **{
+        "launcher": "ray", "gpus": [0], "ray": {"nodes": nodes},
+        "health": {"interval": "0.5s", "timeout": "2s", "failures": 4,
+                   "metrics_interval": "1s", "start_timeout": "120s"},
+        **over})
 
 
 def proxy_completion(fleet: Path, model: str) -> dict[str, Any]:

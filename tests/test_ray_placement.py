@@ -79,6 +79,21 @@ def test_nodes_from_reads_ray_nodes_and_the_free_resources() -> None:
         "127.0.0.1", 2.0, 1.0, {"k": "v"})
 
 
+def test_a_dead_node_keeps_the_names_it_had_alive() -> None:
+    """Ray lists a dead node with no resources: one named by a custom resource is still
+    found by that name (and said to be gone), from what was seen while it was alive."""
+    alive = {"NodeID": "cd" * 14, "Alive": True, "NodeManagerAddress": "10.0.0.7",
+             "NodeManagerHostname": "h", "Resources": {"box-b": 1.0, "CPU": 4.0}}
+    seen: dict[str, dict[str, float]] = {}
+    nodes_from([alive], {}, seen)
+    (dead,) = nodes_from([{**alive, "Alive": False, "Resources": {}}], {}, seen)
+    assert dead.matches("box-b") and not dead.alive
+    said = choose([dead], ("box-b",), {"CPU": 1.0})
+    assert said == f"no node fits: box-b (10.0.0.7, node {'cd' * 4}) is gone"
+    (unknown,) = nodes_from([{**alive, "Alive": False, "Resources": {}}], {})
+    assert not unknown.matches("box-b")  # never seen alive: nothing to go by
+
+
 def target(**over: object) -> Target:
     return Target.model_validate({"name": "t", "model": "/models/m.gguf", "port": 8080,
                                   "launcher": "ray", **over})

@@ -143,7 +143,8 @@ def test_two_daemons_on_one_manager_never_touch_each_others_units(
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
-    first = lab_daemon(fleet_of(one, {"same": systemd_target(model, llama_server_bin)}))
+    first_fleet = fleet_of(one, {"same": systemd_target(model, llama_server_bin)})
+    first = lab_daemon(first_fleet)
     pid = first.wait_state("same", "ready")["pid"]
     unit_text = lab.run("cat", "/etc/systemd/system/specfleet-same.service").stdout
     assert f"X-Specfleet-StateDir={one / 'state'}" in unit_text
@@ -156,9 +157,10 @@ def test_two_daemons_on_one_manager_never_touch_each_others_units(
     second.wait_state("other", "ready")
     assert lab.show("specfleet-same.service", "MainPID") == str(pid)  # untouched
     assert lab.run("cat", "/etc/systemd/system/specfleet-same.service").stdout == unit_text
-    # The first daemon again, after the second started "other": its sweep keeps "other".
+    # The first daemon again (the same file: a new one would pick a new port, a change),
+    # after the second started "other": its sweep keeps "other".
     first.stop()
-    again = lab_daemon(fleet_of(one, {"same": systemd_target(model, llama_server_bin)}))
+    again = lab_daemon(first_fleet)
     assert again.wait_state("same", "ready")["pid"] == pid  # adopted
     assert lab.show("specfleet-other.service", "ActiveState") == "active"
 

@@ -79,6 +79,7 @@ def test_status_target_prints_the_same_evidence():
 
 def test_labels_name_the_variant_and_length_and_show_nothing_measured_when_not_serving():
     t = {"name": "t", "state": "ready", "pid": 7, "started_at": 1000.0, "restarts": 1,
+         "model": "/models/m.gguf",
          "restarts_by_reason": {"crash": 1, "start_timeout": 2},
          "speculation": {"method": "ngram", "variant": None, "enabled": True,
                          "draft_length": None},
@@ -90,7 +91,7 @@ def test_labels_name_the_variant_and_length_and_show_nothing_measured_when_not_s
                      "acceptance": "88.1%", "accepted_length": "3.10 tokens/step",
                      "speed": "41.5 tok/s", "memory": "RSS 300.0 MiB",
                      "restarts": "1 after failures (1 crash, 2 start timeout)",
-                     "last_event": "-"}
+                     "last_event": "-", "source": "/models/m.gguf"}
     loading = labels.display({**t, "state": "loading"}, now=1098.0)
     assert loading["acceptance"] == loading["speed"] == loading["memory"] == "-"
 

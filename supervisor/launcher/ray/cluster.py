@@ -99,6 +99,8 @@ class RayCluster:
         self._actor_class: Any = None
         self._lock = asyncio.Lock()
         self._thread = LastingThread()
+        # Each node's resources while it was alive: Ray lists a dead node without them.
+        self._seen_resources: dict[str, dict[str, float]] = {}
 
     @property
     def connected(self) -> bool:
@@ -145,7 +147,8 @@ class RayCluster:
         def read() -> list[NodeView]:
             # No public per-node "available" call without the dashboard's state API.
             from ray._private import state
-            return nodes_from(self.ray.nodes(), state.available_resources_per_node())
+            return nodes_from(self.ray.nodes(), state.available_resources_per_node(),
+                              self._seen_resources)
         return await asyncio.to_thread(read)
 
     def create_actor(self, target: str, node_id: str, num_gpus: int, num_cpus: float,

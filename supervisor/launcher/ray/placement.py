@@ -51,14 +51,26 @@ class Choice:
 
 
 def nodes_from(table: Iterable[Mapping[str, Any]],
-               available: Mapping[str, Mapping[str, float]]) -> list[NodeView]:
-    """NodeViews from `ray.nodes()` and the per-node available resources."""
-    return [NodeView(node_id=str(n["NodeID"]), address=str(n.get("NodeManagerAddress", "")),
-                     hostname=str(n.get("NodeManagerHostname", "")), alive=bool(n.get("Alive")),
-                     total=dict(n.get("Resources") or {}),
-                     available=dict(available.get(str(n["NodeID"]), {})),
-                     labels={str(k): str(v) for k, v in (n.get("Labels") or {}).items()})
-            for n in table]
+               available: Mapping[str, Mapping[str, float]],
+               seen: dict[str, dict[str, float]] | None = None) -> list[NodeView]:
+    """NodeViews from `ray.nodes()` and the per-node available resources.
+
+    `seen` keeps each node's resources from when it was alive (updated here): Ray lists a
+    dead node with no resources at all, and a node named by a custom resource (`ray.nodes:
+    [box-b]`) would then match no name, so a target pinned to it would be told that no node
+    matches its `ray.nodes` instead of that the node is gone."""
+    seen = {} if seen is None else seen
+    out = []
+    for n in table:
+        node_id, total = str(n["NodeID"]), dict(n.get("Resources") or {})
+        if total:
+            seen[node_id] = total
+        out.append(NodeView(node_id=node_id, address=str(n.get("NodeManagerAddress", "")),
+                            hostname=str(n.get("NodeManagerHostname", "")),
+                            alive=bool(n.get("Alive")), total=total or seen.get(node_id, {}),
+                            available=dict(available.get(node_id, {})),
+                            labels={str(k): str(v) for k, v in (n.get("Labels") or {}).items()}))
+    return out
 
 
 def demand(num_gpus: int, num_cpus: float, resources: Mapping[str, float]) -> dict[str, float]:
