@@ -4,6 +4,7 @@ checked all along (docs/reliability.md, "The soak").
 
     .venv/bin/python benchmarks/soak.py --minutes 120 --seed 1 [--out soak-run1.json]
     [--each-first] [--result PATH]   (tests/test_soak.py: 10 minutes, every fault kind)
+    [--without kill_daemon] [--no-faults] [--trace-memory DIR]   (what grows in the daemon)
 
 The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the model, which
 a fault makes unreadable) always run as child processes; `box` runs in a podman container
@@ -44,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import soak_checks as checks  # noqa: E402
 from benchmarks.serverproc import cpu_model  # noqa: E402
-from benchmarks.soak_faults import Faults  # noqa: E402
+from benchmarks.soak_faults import WEIGHTS, Faults  # noqa: E402
 from benchmarks.soak_fleet import SoakFleet, poll_like_a_browser  # noqa: E402
 from benchmarks.soak_traffic import Traffic  # noqa: E402
 from plugins.llamacpp import provision  # noqa: E402
@@ -102,7 +103,8 @@ class Soak:
         self.traffic = Traffic("127.0.0.1", fleet.proxy_port,
                                fleet.always + ([fleet.container] if fleet.container else [])
                                + fleet.on_demand, args.clients, fleet.hold, args.seed, fleet.up)
-        self.faults = Faults(fleet, args.seed, each_first=args.each_first)
+        self.faults = Faults(fleet, args.seed, each_first=args.each_first,
+                             without=frozenset(args.without))
         self.records: list[dict[str, Any]] = []
         self.orphans: list[str] = []
         self.mismatches: list[str] = []
@@ -126,7 +128,7 @@ class Soak:
                 self.traffic.active = self.load_rand.randint(1, self.args.clients)
                 time.sleep(5)
                 self._sample()
-                if time.monotonic() >= next_fault:
+                if time.monotonic() >= next_fault and not self.args.no_faults:
                     fault, target = self.faults.next()
                     record = self.faults.run(fault, target)
                     self.records.append(record)
@@ -211,6 +213,16 @@ def main() -> int:
     ap.add_argument("--systemd", action="store_true",
                     help="a target with launcher: systemd too; the daemon then runs inside a "
                          "real systemd manager's namespaces (tests/systemd_lab.py; root)")
+    ap.add_argument("--without", action="append", default=[], choices=sorted(WEIGHTS),
+                    metavar="FAULT", help="leave this kind of fault out (repeatable); "
+                    "--without kill_daemon: one daemon life as long as the run")
+    ap.add_argument("--no-faults", action="store_true",
+                    help="traffic only: one daemon life as long as the run (for --trace-memory)")
+    ap.add_argument("--trace-memory", default=None, metavar="DIR",
+                    help="watch the daemon's memory from inside (benchmarks/traced_daemon.py): "
+                         "allocator counters to DIR/<pid>.log every minute, and under "
+                         "tracemalloc the sites that grew to DIR/<pid>.txt "
+                         "(SPECFLEET_TRACE=light: the counters only, RSS as it is)")
     args = ap.parse_args()
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr)
@@ -226,7 +238,9 @@ def main() -> int:
                   "systemd lab on this machine)", file=sys.stderr)
         image = None if args.no_container or args.systemd else container_image(binary, work)
         with small_state_dir(work) as full_dir, systemd_lab(work, args.systemd) as lab:
-            result = Soak(SoakFleet(work, binary, model, image, full_dir, lab), args).run()
+            fleet = SoakFleet(work, binary, model, image, full_dir, lab)
+            fleet.trace_memory = Path(args.trace_memory).resolve() if args.trace_memory else None
+            result = Soak(fleet, args).run()
     result.update(cpu=cpu_model(), seed=args.seed, minutes=args.minutes,
                   command=" ".join(sys.argv))
     if args.out or args.result:

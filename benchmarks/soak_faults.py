@@ -64,10 +64,12 @@ def ready_again(fleet: Soaked, name: str, old_pid: int | None) -> Callable[[], b
 
 
 class Faults:
-    def __init__(self, fleet: Soaked, seed: int, each_first: bool = False) -> None:
+    def __init__(self, fleet: Soaked, seed: int, each_first: bool = False,
+                 without: frozenset[str] = frozenset()) -> None:
         self.fleet = fleet
         self.rand = random.Random(seed)
-        self.available = [f for f in WEIGHTS if self._applies(f)]
+        # without: kinds left out (e.g. kill_daemon, for one daemon life as long as the run)
+        self.available = [f for f in WEIGHTS if self._applies(f) and f not in without]
         # Every kind once, in an order drawn from the seed, before the weighted draws (a
         # short run then still does each of them).
         self.first = self.rand.sample(self.available, len(self.available)) if each_first else []

@@ -87,6 +87,7 @@ class SoakFleet:
         self.doc["daemon"]["gpu"] = {"memory": [self._two_of_three_fit()], "headroom": 0}
         self.write_raw_fleet(None)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.trace_memory: Path | None = None  # a folder: the daemon runs under tracemalloc
         self._daemon_pid: int | None = None
         self.up = threading.Event()
         self.incarnations: list[int] = []
@@ -106,6 +107,8 @@ class SoakFleet:
     def start_daemon(self) -> None:
         log = (self.work / "daemon.log").open("ab")
         argv = [sys.executable, "-m", "supervisor", "run", str(self.fleet_path), "--json-logs"]
+        if self.trace_memory is not None:  # soak.py --trace-memory: the same argv, traced
+            argv[1:3] = [str(REPO / "benchmarks" / "traced_daemon.py"), str(self.trace_memory)]
         self.proc = subprocess.Popen(self.lab.ns(*argv) if self.lab else argv, cwd=REPO,
                                      stdout=subprocess.DEVNULL, stderr=log,
                                      stdin=subprocess.DEVNULL)

@@ -27,7 +27,7 @@ from supervisor.api.proxy import Proxy
 from supervisor.api.server import ApiServer
 from supervisor.config.loader import LoadedFleet
 from supervisor.config.schema import Fleet, Target
-from supervisor.daemon import statusfile
+from supervisor.daemon import memtrim, statusfile
 from supervisor.daemon.fleet import FleetSupervisors
 from supervisor.daemon.fleetapi import FleetApi
 from supervisor.daemon.logs import get_logger
@@ -124,7 +124,8 @@ class Daemon:
         self._background = [asyncio.create_task(self.monitor.run(), name="monitor"),
                             asyncio.create_task(self._watchdog(), name="watchdog"),
                             asyncio.create_task(self.targets.on_demand.run(), name="idle"),
-                            asyncio.create_task(self._sample_history(), name="history")]
+                            asyncio.create_task(self._sample_history(), name="history"),
+                            asyncio.create_task(self._trim_memory(), name="malloc_trim")]
         await self.targets.discard_left_running()
         for target in self.fleet.targets.values():
             self.targets.add(target)
@@ -160,6 +161,13 @@ class Daemon:
         while True:
             await sleep_to_next_tick(1.0)
             self.targets.sample_history(time.time())
+
+    async def _trim_memory(self) -> None:
+        # Freed C heap pages back to the system (memtrim.py: the soak's RSS growth).
+        trim = memtrim.trimmer()
+        while trim is not None:
+            await asyncio.sleep(memtrim.PERIOD_S)
+            trim()
 
     async def _main_loop(self) -> None:
         while True:
