@@ -160,9 +160,12 @@ class OllamaBackend(Backend):
         lines = super().describe_launch(spec)
         draft = self.target.speculation.draft
         if self.target.speculation.method == "draft" and draft and Path(draft).expanduser().is_file():
-            n = self.target.speculation.length.start or DEFAULT_DRAFT_NUM_PREDICT
-            lines.append("Ollama then runs its llama-server with " + " ".join(
-                runner_draft_args(_architecture(draft), n, str(Path(draft).expanduser()))))
+            start = self.target.speculation.length.start  # 0 is a value: no drafting
+            n = DEFAULT_DRAFT_NUM_PREDICT if start is None else start
+            args = runner_draft_args(_architecture(draft), n, str(Path(draft).expanduser()))
+            lines.append("Ollama then runs its llama-server with " + " ".join(args) if args
+                         else "Ollama then runs its llama-server without a draft "
+                              "(draft_num_predict 0)")
         return lines
 
     def tunable_length(self) -> str | None:

@@ -74,6 +74,23 @@ def test_a_gguf_file_shorter_than_its_header_says_is_found_truncated(tmp_path, b
     assert ggufheader.incomplete({"model": str(cut)}) is None
 
 
+def test_a_tensor_type_the_gguf_package_cannot_size_is_left_to_the_runtime(
+        tmp_path, big, monkeypatch):
+    """A model of a newer quantization than the installed gguf package knows: the check
+    cannot size its tensors, so it does not judge (before: a KeyError out of check, a start
+    and an on-demand load)."""
+    from supervisor.models import gguf as ggufheader
+
+    def unknown(shape, ttype):
+        raise KeyError(ttype)  # as gguf.GGML_QUANT_SIZES does for a type it lacks
+
+    copy = tmp_path / "newer.gguf"
+    copy.write_bytes(Path(big).read_bytes())
+    monkeypatch.setattr(ggufheader, "tensor_bytes", unknown)
+    ggufheader._truncation_of.cache_clear()
+    assert ggufheader.incomplete({"model": str(copy)}) is None
+
+
 def test_a_small_draft_of_the_same_family_passes(tmp_path, big):
     draft = write_model(tmp_path / "draft.gguf", n_embd=64, n_ff=128, n_layers=2)
     assert check(big, draft) == []

@@ -6,6 +6,7 @@ start, the owner then runs the target at the pulled files, and what went wrong i
 # ruff: noqa: F811 (start_target is the lifecycle tests' fixture, taken as a parameter)
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from supervisor.config.schema import Target
 from supervisor.registry.modelkits import ModelKits
 from supervisor.registry.store import LayerStore
+from supervisor.supervision.commands import Command
 from supervisor.supervision.states import State
 from tests.test_target_lifecycle import START, start_target  # noqa: F401
 
@@ -129,3 +131,36 @@ async def test_a_pull_reports_its_progress_over_every_layer_it_fetches(kits, oci
     seen.clear()
     await kits.pull(resolved, layers, lambda done, total: seen.append((done, total)))
     assert seen == []  # all cached: nothing fetched
+
+
+@pytest.mark.parametrize(("command", "state"), [(Command.SHUTDOWN, S.STOPPED),
+                                                (Command.UNLOAD, S.UNLOADED)])
+async def test_a_shutdown_or_an_unload_during_a_pull_takes_effect_at_once(
+        start_target, tmp_path, command, state):
+    """A registry that takes the connection and never answers (a hung proxy, a host half
+    down): the pull would wait out its 60-second timeout; a command ends it now."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            kits = ModelKits(LayerStore(tmp_path / "cache"), session, timeout=60)
+            run = start_target(kits=kits, model="", modelkit=f"127.0.0.1:{port}/lab/pair:v1",
+                               speculation={"method": "draft"})
+            await run.until(lambda: bool(held))  # the manifest asked for, not answered
+            run.sup.send(command, "removed from the fleet file")
+            await run.reaches(state)  # within the scenario's 5 s, not the pull's 60
+            assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, state)]
+            assert run.world.starts == []
+            assert run.events[-1].reason == ("removed from the fleet file (while the ModelKit "
+                                             "was pulled)")
+            assert run.sup.target.model == ""  # nothing pulled, nothing retargeted
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()

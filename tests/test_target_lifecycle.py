@@ -564,7 +564,9 @@ SCENARIOS = [START, CRASH_AND_RESTART, UNREACHABLE_THEN_UP, LOADING_CRASH_LOOP, 
              [(S.STARTING, S.FAILED), (S.FAILED, S.STARTING), (S.BACKOFF, S.STOPPED),
               (S.LOADING, S.STOPPING), (S.DEGRADED, S.STOPPING), (S.DEGRADED, S.FAILED),
               (S.LOADING, S.DETACHED), (S.DEGRADED, S.DETACHED), (S.STOPPING, S.FAILED),
-              (S.BACKOFF, S.FAILED)]]
+              (S.BACKOFF, S.FAILED)],
+             # A shutdown or an unload while a ModelKit is pulled (tests/test_pulling.py).
+             [(S.STARTING, S.STOPPED), (S.STARTING, S.UNLOADED)]]
 
 
 def test_every_allowed_transition_is_exercised_by_a_scenario_above():

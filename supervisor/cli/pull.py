@@ -64,8 +64,9 @@ async def _pull_all(fleet: Fleet, targets: list[Target]) -> None:
 
 
 async def with_kits(fleet: Fleet, work: Callable[[ModelKits], Any], keep: bool = True) -> None:
-    """`work(kits)` with the daemon's cache and a session of its own (`keep` False: the
-    cache is only read)."""
+    """`work(kits)` with the daemon's cache and a session of its own (`keep` False: no
+    manifest is written). It never prunes the cache: only the daemon knows which layers its
+    targets run (a running daemon's, of a tag since moved, are the least recently used)."""
     import aiohttp
 
     from supervisor.registry.modelkits import ModelKits
@@ -74,7 +75,7 @@ async def with_kits(fleet: Fleet, work: Callable[[ModelKits], Any], keep: bool =
     settings = fleet.daemon.modelkits
     async with aiohttp.ClientSession() as session:
         await work(ModelKits(LayerStore(fleet.daemon.modelkit_cache), session, settings.timeout,
-                             settings.max_size, keep=keep))
+                             max_size=None, keep=keep))
 
 
 def describe(target: Target, resolved: Resolved, kits: ModelKits) -> str:

@@ -118,8 +118,10 @@ def _truncation_of(identity: FileIdentity) -> str | None:
     """Per file identity (size and times in it): a file that grows is read again."""
     try:
         return truncation(Path(identity.path))
-    except SpecfleetError:
-        return None  # not a readable GGUF header: not what this check judges
+    except (SpecfleetError, OSError, ValueError, KeyError, TypeError):
+        # Not a readable GGUF header, or a tensor type the installed gguf package does not
+        # size: not what this check judges (the runtime will say what it thinks of it).
+        return None
 
 
 def read_tokens(path: Path) -> list[str]:

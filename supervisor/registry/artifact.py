@@ -107,7 +107,8 @@ def _names(parts: list[Layer]) -> str:
     return ", ".join(p.name or p.path for p in parts)
 
 
-def _json(raw: bytes, what: str) -> dict[str, Any]:
+def parse_json(raw: bytes, what: str) -> dict[str, Any]:
+    """`raw` as a JSON object, or ArtifactError naming `what` it should have been."""
     try:
         value = json.loads(raw)
     except ValueError as exc:
@@ -135,14 +136,14 @@ def manifest_format(manifest: dict[str, Any]) -> str:
 def read(manifest_raw: bytes, config_raw: bytes | None) -> Artifact:
     """The artifact a manifest describes; `config_raw` is the config blob (the Kitfile as
     JSON for a ModelKit; a ModelPack's config is not needed)."""
-    manifest = _json(manifest_raw, "manifest")
+    manifest = parse_json(manifest_raw, "manifest")
     fmt = manifest_format(manifest)
     descriptors = manifest.get("layers") or []
     if fmt == "kit":
-        kitfile = _json(config_raw or b"", "Kitfile (the ModelKit's config)")
+        kitfile = parse_json(config_raw or b"", "Kitfile (the ModelKit's config)")
     else:
         text = (manifest.get("annotations") or {}).get(KITFILE_ANNOTATION)
-        kitfile = _json(text.encode(), "Kitfile annotation") if text else {}
+        kitfile = parse_json(text.encode(), "Kitfile annotation") if text else {}
     layers = _kit_layers(descriptors, kitfile) if fmt == "kit" else \
         _pack_layers(descriptors, kitfile)
     return Artifact(fmt, tuple(layers), kitfile)

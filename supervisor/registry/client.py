@@ -29,6 +29,12 @@ class RegistryError(SpecfleetError):
     pass
 
 
+# What a registry that drops the connection, stalls or answers nonsense raises below the
+# status line (a reset mid-body, a read timeout, a token that is not JSON): each becomes a
+# RegistryError, which a pull retries and the cache may answer for.
+_WIRE = (aiohttp.ClientError, TimeoutError, ValueError)
+
+
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
     scheme, _, rest = header.partition(" ")
     return scheme.lower(), dict(re.findall(r'(\w+)="([^"]*)"', rest))
@@ -59,6 +65,13 @@ class RegistryClient:
         raise AssertionError("unreachable")
 
     async def _authenticate(self, ref: Reference, challenge: str) -> None:
+        try:
+            await self._authenticate_once(ref, challenge)
+        except _WIRE as exc:
+            raise RegistryError(f"registry {ref.host}: its token service failed: "
+                                f"{exc!r}") from exc
+
+    async def _authenticate_once(self, ref: Reference, challenge: str) -> None:
         scheme, params = _challenge(challenge)
         creds = self.credentials
         basic = aiohttp.BasicAuth(creds.username, creds.secret) if creds and \
@@ -78,7 +91,8 @@ class RegistryClient:
                 raise RegistryError(f"registry {ref.host}: its token service answered "
                                     f"{resp.status}")
             body = await resp.json(content_type=None)
-        token = body.get("token") or body.get("access_token")
+        token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) \
+            else None
         if not token:
             raise RegistryError(f"registry {ref.host}: its token service gave no token")
         self._auth = {"Authorization": f"Bearer {token}"}
@@ -86,15 +100,19 @@ class RegistryClient:
     async def manifest(self, ref: Reference) -> tuple[str, bytes]:
         """(digest, bytes) of the manifest `ref` names, verified."""
         resp = await self._get(ref, f"{ref.base_url}/manifests/{ref.version}", {"Accept": ACCEPT})
-        async with resp:
-            if resp.status == 404:
-                raise RegistryError(f"{ref}: no such manifest in {ref.host} "
-                                    f"({(await resp.text())[:200]})")
-            if resp.status != 200:
-                raise RegistryError(f"{ref}: registry answered {resp.status} "
-                                    f"({(await resp.text())[:200]})")
-            raw = await resp.content.read(MAX_MANIFEST + 1)
-            said = resp.headers.get("Docker-Content-Digest")
+        try:
+            async with resp:
+                if resp.status == 404:
+                    raise RegistryError(f"{ref}: no such manifest in {ref.host} "
+                                        f"({(await resp.text(errors='replace'))[:200]})")
+                if resp.status != 200:
+                    raise RegistryError(f"{ref}: registry answered {resp.status} "
+                                        f"({(await resp.text(errors='replace'))[:200]})")
+                raw = await resp.content.read(MAX_MANIFEST + 1)
+                said = resp.headers.get("Docker-Content-Digest")
+        except _WIRE as exc:
+            raise RegistryError(f"{ref}: the manifest could not be read from {ref.host}: "
+                                f"{exc!r}") from exc
         if len(raw) > MAX_MANIFEST:
             raise RegistryError(f"{ref}: the manifest is larger than {MAX_MANIFEST} bytes")
         digest = f"sha256:{hashlib.sha256(raw).hexdigest()}"
@@ -107,8 +125,13 @@ class RegistryClient:
     async def blob(self, ref: Reference, digest: str) -> AsyncIterator[bytes]:
         """The blob's bytes as they come (the store verifies them)."""
         resp = await self._get(ref, f"{ref.base_url}/blobs/{digest}", {})
-        async with resp:
-            if resp.status != 200:
-                raise RegistryError(f"{ref}: blob {digest}: registry answered {resp.status}")
-            async for chunk in resp.content.iter_chunked(CHUNK):
-                yield chunk
+        try:
+            async with resp:
+                if resp.status != 200:
+                    raise RegistryError(f"{ref}: blob {digest}: registry answered "
+                                        f"{resp.status}")
+                async for chunk in resp.content.iter_chunked(CHUNK):
+                    yield chunk
+        except _WIRE as exc:
+            raise RegistryError(f"{ref}: blob {digest} was cut off by {ref.host}: "
+                                f"{exc!r}") from exc

@@ -106,9 +106,10 @@ class ModelKits:
         return Resolved(ref, digest, artifact.read(raw, config))
 
     async def _config(self, ref: ociref.Reference, raw: bytes) -> bytes | None:
-        desc = (json.loads(raw).get("config") or {})
+        manifest = artifact.parse_json(raw, "manifest")
+        desc = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
         digest = desc.get("digest")
-        if not digest or artifact.manifest_format(json.loads(raw)) != "kit":
+        if not digest or artifact.manifest_format(manifest) != "kit":
             return None  # a ModelPack's config is not needed (the Kitfile is an annotation)
         if (cached := self.store.get_json(digest)) is not None:
             return cached

@@ -13,6 +13,7 @@ is down. `prune` removes the layers used longest ago beyond a size limit, never 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import hashlib
@@ -86,7 +87,9 @@ class LayerStore:
                 raise TamperedBlob(f"layer {layer.path!r} is not what the manifest names: its "
                                    f"bytes have digest {got} ({size} bytes), the manifest says "
                                    f"{layer.digest} ({layer.size} bytes); refused, nothing kept")
-            self._unpack(layer, blob)
+            # Off the event loop: extracting a model of gigabytes takes tens of seconds,
+            # longer than the daemon's watchdog and every target's health checks can wait.
+            await asyncio.to_thread(self._unpack, layer, blob)
         finally:
             blob.unlink(missing_ok=True)
         found = self.path_of(layer)

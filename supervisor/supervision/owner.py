@@ -8,6 +8,7 @@ backing off, running) it waits for a command and asks `commands.next_step` what 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -245,6 +246,8 @@ class TargetSupervisor:
         self._set_state(State.STARTING, self.pending_reason)
         try:
             try:
+                if (commanded := await self._pull_unless_commanded()) is not None:
+                    return commanded
                 started = await self._launch()
             except (StartRefused, SpecfleetError, OSError) as exc:
                 self.failure_output = None
@@ -254,9 +257,40 @@ class TargetSupervisor:
             if self.placer is not None:
                 self.placer.released(self.name)
 
+    async def _pull_unless_commanded(self) -> Next | None:
+        """The target's ModelKit pulled (pulling.py), or the command that ended the pull: a
+        shutdown, an unload or a removal by a reload takes effect at once, not after a
+        download of minutes. A start or restart meanwhile is the start under way."""
+        if self.target.modelkit is None:
+            return None
+        pull = asyncio.create_task(pull_kit(self), name=f"pull {self.name}")
+        command: asyncio.Task[Request] | None = None
+        try:
+            while True:
+                command = asyncio.create_task(self._commands.get())
+                done, _ = await asyncio.wait({pull, command},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if command not in done:
+                    pull.result()  # NotReachableYet (retried) or SpecfleetError (final)
+                    return None
+                request = command.result()
+                if next_step(Phase.BACKOFF, request.command) is Next.RUN:
+                    continue  # START, RESTART, RETUNE: what this start does anyway
+                step = self._dispatch(request, Phase.BACKOFF)
+                self._set_state(State.UNLOADED if step is Next.UNLOADED else State.STOPPED,
+                                f"{request.reason} (while the ModelKit was pulled)")
+                return step
+        finally:
+            if command is not None and not command.done():
+                command.cancel()  # a get() cancelled before it returned takes nothing
+            if not pull.done():
+                pull.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pull
+
     async def _launch(self) -> RunningProcess:
-        """A ModelKit pulled, preflight, pairing guard, placement; adopt a unit or start anew."""
-        await pull_kit(self)
+        """Preflight, pairing guard, placement; adopt a unit or start anew."""
+        await pull_kit(self)  # a no-op once _pull_unless_commanded has pulled
         plan = await plan_start(self.name, self.backend, self.launcher, self.placer, self.tuner,
                                 self.pairing)
         self.placement, self.runtime, spec = plan.placement, plan.runtime, plan.spec

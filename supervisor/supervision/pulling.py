@@ -15,6 +15,7 @@ start for good, saying why. A tag that moved is seen at the next daemon start or
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from supervisor.config.schema import Target
@@ -41,7 +42,8 @@ async def pull_kit(owner: Owner) -> None:
     """Resolve and pull the target's ModelKit, once per owner; then the owner runs the
     target at the pulled files. Raises NotReachableYet (retried) or SpecfleetError."""
     source = owner.target.modelkit
-    if source is None or (owner.kit is not None and "pull" not in owner.kit):
+    if source is None or (owner.kit is not None and "pull" not in owner.kit
+                          and _files_in_place(owner)):
         return
     if owner.kits is None:
         raise NotReachableYet("no ModelKit cache in this daemon")  # not a daemon's owner
@@ -72,6 +74,15 @@ async def pull_kit(owner: Owner) -> None:
     owner.kit = provenance
     files = ", ".join(f"{role} {kits.store.place_of(x)}" for role, x in layers.items())
     _emit(owner, f"{said}; serving {files}", **provenance)
+
+
+def _files_in_place(owner: Owner) -> bool:
+    """Whether the pulled files the target runs are still in the cache (a prune by another
+    process, or a hand, may have removed them since: then the next start pulls again). A
+    draft from elsewhere (a file of its own, a Hugging Face id) is not the cache's."""
+    root = owner.kits.store.root if owner.kits is not None else None
+    files = [Path(f) for f in (owner.target.model, owner.target.speculation.draft) if f]
+    return all(f.exists() for f in files if root is not None and f.is_relative_to(root))
 
 
 def retarget(owner: Owner, target: Target) -> None:

@@ -34,7 +34,9 @@ def is_live(state: object) -> bool:
 ALLOWED: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset({State.STARTING, State.UNLOADED}),
     # Start-up failures are final, except what it runs on not answering yet (backoff).
-    State.STARTING: frozenset({State.LOADING, State.FAILED, State.BACKOFF}),
+    # Stopped or unloaded before any process: a command during a ModelKit's pull.
+    State.STARTING: frozenset({State.LOADING, State.FAILED, State.BACKOFF, State.STOPPED,
+                               State.UNLOADED}),
     State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
                               State.DETACHED}),
     State.READY: frozenset({State.DEGRADED, State.BACKOFF, State.FAILED, State.STOPPING,
