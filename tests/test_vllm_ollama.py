@@ -163,6 +163,11 @@ def test_ollama_checks_a_draft_as_its_source_runs_it(tmp_path):
     said = backend.describe_launch(backend.launch_spec())
     assert said[-1].startswith("Ollama then runs its llama-server with --spec-type draft-mtp "
                                "--spec-draft-n-max 4")
+    length = target.speculation.length.model_copy(update={"start": 0})  # 0: no drafting
+    none = OllamaBackend(target.model_copy(update={"speculation": target.speculation.model_copy(
+        update={"length": length})}))
+    assert none.describe_launch(none.launch_spec())[-1] == (
+        "Ollama then runs its llama-server without a draft (draft_num_predict 0)")
 
 
 def test_ollama_refuses_a_network_bind_unless_a_proxy_guards_it(tmp_path):
