@@ -99,3 +99,25 @@ def test_a_second_out_of_memory_within_the_window_ends_in_failed_even_if_it_fits
 def test_an_out_of_memory_long_after_the_last_one_gets_its_restart_again():
     decision = after_failure(OOM, (0.0, 900.0), 900.0, NO_JITTER, 0.5, oom_times=(0.0, 900.0))
     assert not decision.give_up
+
+
+async def test_the_crash_history_keeps_only_the_window_it_is_judged_by():
+    """A daemon up for months: crashes older than `restart.window` are dropped, and the
+    decision is the same as with every crash kept."""
+    from supervisor.config.schema import Target
+    from supervisor.supervision.crashes import CrashHistory
+
+    target = Target(name="t", model="/m.gguf", port=1,
+                    restart={"window": "10m", "max_crashes": 5})
+    now = [0.0]
+    history = CrashHistory(target, None, lambda: now[0], lambda: 0.5)
+    for _ in range(1000):  # one crash an hour: never a loop
+        now[0] += 3600
+        decision = await history.decide(CRASH)
+        assert not decision.give_up
+    assert history._crash_times == [now[0]]
+    now[0] += 3600
+    for _ in range(4):  # then a crash loop: the fifth within the window gives up
+        now[0] += 10
+        assert not (await history.decide(CRASH)).give_up
+    assert (await history.decide(CRASH)).give_up

@@ -35,10 +35,13 @@ class CrashHistory:
         """Back off and restart, or give up; an out-of-memory death asks the placer whether
         the target fits now."""
         now = self.clock()
-        self._crash_times.append(now)
+        # Only the window counts (restart_policy.recent_crashes): older times are dropped,
+        # or a daemon up for months would keep every crash it ever saw.
+        window = self.target.restart.window
+        self._crash_times = [t for t in self._crash_times if now - t <= window] + [now]
         fits_now, fit_detail = None, ""
         if failure.kind == FailureKind.OUT_OF_MEMORY:
-            self._oom_times.append(now)
+            self._oom_times = [t for t in self._oom_times if now - t <= window] + [now]
             if self.placer is not None:
                 fits_now, fit_detail = await self.placer.fits_now(self.target.name)
         return restart_policy.after_failure(
