@@ -87,7 +87,8 @@ def describe(target: Target, resolved: Resolved, kits: ModelKits) -> str:
     if resolved.offline:
         lines.append(f"  from the cache: {resolved.offline}")
     for role, layer in resolved.layers(target).items():
-        cached = "cached" if kits.store.path_of(layer) else "to pull"
+        # place_of, not path_of: looking (check) is not a use that keeps it from a prune
+        cached = "cached" if kits.store.place_of(layer).exists() else "to pull"
         lines.append(f"  {role}: {layer.path} ({layer.size} bytes, {layer.digest}, {cached})")
     return "\n".join(lines)
 
