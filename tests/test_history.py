@@ -78,7 +78,7 @@ def test_compact_samples_keep_order_values_and_bounds_across_cutbacks():
 
 def test_a_rewrite_keeps_samples_and_marks_in_time_order(tmp_path):
     clock = Clock()
-    h = History(tmp_path, max_points=4, clock=clock)
+    h = History(tmp_path, max_points=4, max_marks=4, clock=clock)
     for i in range(12):
         clock.now += 1
         if i % 2:
@@ -87,6 +87,20 @@ def test_a_rewrite_keeps_samples_and_marks_in_time_order(tmp_path):
             h.sample("t", {"draft_length": i, "tokens_per_second": 1.5 * i})
     times = [json.loads(line)["t"] for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert times == sorted(times)
-    view = History(tmp_path, max_points=4, clock=clock).view("t")
+    view = History(tmp_path, max_points=4, max_marks=4, clock=clock).view("t")
     assert [s["draft_length"] for s in view["samples"]] == [4, 6, 8, 10]
     assert [m["reason"] for m in view["marks"]] == [f"decision {i}" for i in (5, 7, 9, 11)]
+
+
+def test_marks_have_a_bound_of_their_own_far_below_the_samples(tmp_path):
+    """A target that swaps on demand makes thousands of marks an hour (the soak's daemon grew
+    by them at ~440 bytes each): at most max_marks are kept, the newest."""
+    clock = Clock()
+    h = History(tmp_path, clock=clock)
+    assert h.max_marks < h.max_points
+    for i in range(h.max_marks + 50):
+        clock.now += 1
+        h.mark(Event("t", "state", f"evicted {i}", "ready", "unloaded", time=clock.now))
+    marks = h.view("t")["marks"]
+    assert len(marks) == h.max_marks
+    assert marks[-1]["reason"] == f"evicted {h.max_marks + 49}"

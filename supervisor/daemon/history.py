@@ -2,7 +2,9 @@
 acceptance rate, mean accepted length, draft length) at every new reading of its counters,
 and marks for what happened (starts, crashes, loads and unloads, tuning decisions).
 
-Bounded twice: `keep` seconds (24 h) and `max_points` samples and as many marks per target,
+Bounded twice: `keep` seconds (24 h) and `max_points` samples and `max_marks` marks per target
+(a mark is a dict of ~440 bytes, and a target that swaps on demand every few seconds makes
+thousands an hour: the soak's daemon grew by them; a day's chart shows no more anyway),
 in memory (samples in compact columns: samples.py) and in <state_dir>/history/<target>.jsonl,
 which is appended to and rewritten from memory when it has grown to twice what is kept. A
 line that cannot be written (a full disk) is reported to `report`, never raised; a line that
@@ -38,11 +40,13 @@ MARK_STATES = frozenset({"starting", "backoff", "failed", "unloaded", "stopped"}
 
 class History:
     def __init__(self, directory: Path, keep: float = 24 * 3600, max_points: int = 20_000,
+                 max_marks: int = 2_000,
                  report: StateReport = LOG_ONLY,
                  clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.keep = keep
         self.max_points = max_points
+        self.max_marks = max_marks
         self.report = report
         self.clock = clock
         self._samples: dict[str, Samples] = {}
@@ -114,7 +118,7 @@ class History:
             return
         self._samples[target] = samples = Samples(SAMPLED, self.max_points,
                                                   integral=frozenset({"draft_length"}))
-        self._marks[target] = marks = collections.deque(maxlen=self.max_points)
+        self._marks[target] = marks = collections.deque(maxlen=self.max_marks)
         read = _read(self._path(target))
         for p in read:
             if isinstance(p.get("s"), dict):
