@@ -8,7 +8,6 @@ backing off, running) it waits for a command and asks `commands.next_step` what 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from supervisor.supervision.explain import PairingWarnings, explain_exit, explai
 from supervisor.supervision.handover import may_go_beside, record_launch, replace_beside, stop_retiring
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
-from supervisor.supervision.pulling import pull_kit
+from supervisor.supervision.pulling import pull_kit, pull_or_command
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.runrecord import RunRecorder
 from supervisor.supervision.served import Served
@@ -128,14 +127,12 @@ class TargetSupervisor:
         await self._end(Command.DETACH, reason)
 
     async def _end(self, command: Command, reason: str) -> None:
-        if self._task is None or self._task.done():
-            return
-        self.send(command, reason)
-        await self._task
+        if self._task is not None and not self._task.done():
+            self.send(command, reason)
+            await self._task
 
     def status(self) -> TargetStatus:
         return snapshot(self)
-
 
     def _event(self, kind: str, reason: str, **data: Any) -> None:
         self.events.emit(Event(self.name, kind, reason, data=data))
@@ -235,10 +232,12 @@ class TargetSupervisor:
             self.crashes.count(failure.kind.value, by_policy=True)
             self.pending_reason = f"restart after {failure.kind.value}"
             return Next.RUN
+        return self._stopped_by(request, request.reason)
+
+    def _stopped_by(self, request: Request, reason: str) -> Next:  # while no process runs
         step = self._dispatch(request, Phase.BACKOFF)
         if step is not Next.RUN:
-            self._set_state(State.UNLOADED if step is Next.UNLOADED else State.STOPPED,
-                            request.reason)
+            self._set_state(State.UNLOADED if step is Next.UNLOADED else State.STOPPED, reason)
         return step
 
     async def _run_once(self) -> Next | Failure:
@@ -246,8 +245,8 @@ class TargetSupervisor:
         self._set_state(State.STARTING, self.pending_reason)
         try:
             try:
-                if (commanded := await self._pull_unless_commanded()) is not None:
-                    return commanded
+                if (request := await pull_or_command(self, self._commands.get)) is not None:
+                    return self._stopped_by(request, f"{request.reason} (while the ModelKit was pulled)")
                 started = await self._launch()
             except (StartRefused, SpecfleetError, OSError) as exc:
                 self.failure_output = None
@@ -257,61 +256,28 @@ class TargetSupervisor:
             if self.placer is not None:
                 self.placer.released(self.name)
 
-    async def _pull_unless_commanded(self) -> Next | None:
-        """The target's ModelKit pulled (pulling.py), or the command that ended the pull: a
-        shutdown, an unload or a removal by a reload takes effect at once, not after a
-        download of minutes. A start or restart meanwhile is the start under way."""
-        if self.target.modelkit is None:
-            return None
-        pull = asyncio.create_task(pull_kit(self), name=f"pull {self.name}")
-        command: asyncio.Task[Request] | None = None
-        try:
-            while True:
-                command = asyncio.create_task(self._commands.get())
-                done, _ = await asyncio.wait({pull, command},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if command not in done:
-                    pull.result()  # NotReachableYet (retried) or SpecfleetError (final)
-                    return None
-                request = command.result()
-                if next_step(Phase.BACKOFF, request.command) is Next.RUN:
-                    continue  # START, RESTART, RETUNE: what this start does anyway
-                step = self._dispatch(request, Phase.BACKOFF)
-                self._set_state(State.UNLOADED if step is Next.UNLOADED else State.STOPPED,
-                                f"{request.reason} (while the ModelKit was pulled)")
-                return step
-        finally:
-            if command is not None and not command.done():
-                command.cancel()  # a get() cancelled before it returned takes nothing
-            if not pull.done():
-                pull.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await pull
-
     async def _launch(self) -> RunningProcess:
         """Preflight, pairing guard, placement; adopt a unit or start anew."""
-        await pull_kit(self)  # a no-op once _pull_unless_commanded has pulled
+        await pull_kit(self)  # a no-op once pull_or_command has pulled
         plan = await plan_start(self.name, self.backend, self.launcher, self.placer, self.tuner,
                                 self.pairing)
         self.placement, self.runtime, spec = plan.placement, plan.runtime, plan.spec
         grace = self.target.restart.stop_grace
-        if self._may_adopt:
-            self._may_adopt = False
-            adopted, why = await self.launcher.adopt(self.name, spec, stop_grace=grace)
-            if adopted is not None:
-                self.process, self.started_at, self.failure_output = adopted, time.time(), None
-                self.placement = follow(adopted, self.backend, self.placement)
-                self._set_state(State.LOADING, why, pid=adopted.pid, adopted=True)
-                return adopted
-            if why:
-                self._event("adopt", why)
-        proc = await self.launcher.start(self.name, spec, stop_grace=grace,
-                                         on_line=self.backend.on_output)
+        adopted, why = (await self.launcher.adopt(self.name, spec, stop_grace=grace)
+                        if self._may_adopt else (None, ""))
+        self._may_adopt = False  # only the first start may find a running unit
+        if adopted is None and why:
+            self._event("adopt", why)
+        proc = adopted or await self.launcher.start(self.name, spec, stop_grace=grace,
+                                                    on_line=self.backend.on_output)
         self.process, self.started_at, self.failure_output = proc, time.time(), None
         self.metrics = None  # the previous process's counters are not this one's
         self.placement = follow(proc, self.backend, self.placement)
-        self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
-        record_launch(self, proc, spec)
+        if adopted is not None:
+            self._set_state(State.LOADING, why, pid=proc.pid, adopted=True)
+        else:
+            self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
+            record_launch(self, proc, spec)
         return proc
 
     async def _supervise(self, proc: RunningProcess) -> Next | Failure:

@@ -1,6 +1,6 @@
 """A target whose model comes from a ModelKit (`modelkit:`): pulled before its first start.
 
-The owner (owner.py) calls `pull_kit` before each start; it acts once per owner, before
+The owner (owner.py) calls `pull_or_command` before each start; it acts once per owner, before
 the first: the reference is resolved (the registry; its cache while the registry is down),
 the model and draft layers are pulled where missing, and the owner runs the target with
 `model` and `speculation.draft` at their files in the cache (registry/modelkits.py). The
@@ -15,6 +15,9 @@ start for good, saying why. A tag that moved is seen at the next daemon start or
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +27,7 @@ from supervisor.events import Event, EventBus
 from supervisor.plugin.backend import Backend
 from supervisor.registry.client import RegistryError
 from supervisor.registry.modelkits import ModelKits, materialized
+from supervisor.supervision.commands import Next, Phase, Request, next_step
 from supervisor.tuning.autotuner import AutoTuner
 
 
@@ -74,6 +78,34 @@ async def pull_kit(owner: Owner) -> None:
     owner.kit = provenance
     files = ", ".join(f"{role} {kits.store.place_of(x)}" for role, x in layers.items())
     _emit(owner, f"{said}; serving {files}", **provenance)
+
+
+async def pull_or_command(owner: Owner, next_command: Callable[[], Awaitable[Request]]
+                          ) -> Request | None:
+    """The target's ModelKit pulled (None), or the command that ended the pull: a shutdown,
+    an unload or a removal by a reload takes effect at once, not after a download of
+    minutes. A start or restart meanwhile is the start under way: it is taken and dropped."""
+    if owner.target.modelkit is None:
+        return None
+    pull = asyncio.create_task(pull_kit(owner), name=f"pull {owner.name}")
+    command: asyncio.Task[Request] | None = None
+    try:
+        while True:
+            command = asyncio.create_task(next_command())
+            done, _ = await asyncio.wait({pull, command}, return_when=asyncio.FIRST_COMPLETED)
+            if command not in done:
+                pull.result()  # NotReachableYet (retried) or SpecfleetError (final)
+                return None
+            request = command.result()
+            if next_step(Phase.BACKOFF, request.command) is not Next.RUN:
+                return request
+    finally:
+        if command is not None and not command.done():
+            command.cancel()  # a get() cancelled before it returned takes nothing
+        if not pull.done():
+            pull.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pull
 
 
 def _files_in_place(owner: Owner) -> bool:
