@@ -333,3 +333,27 @@ def test_a_container_that_podman_creates_but_cannot_start_is_not_left_behind(
         assert containers_of(owner) == []  # removed at once, not at the next start
     finally:
         assert daemon.stop() == 0
+
+
+def test_ctrl_c_at_a_terminal_stops_the_containers_too(
+        tmp_path: Path, model: str, image: str, owner: str) -> None:
+    # Ctrl-C sends SIGINT to the whole foreground process group: the daemon and whatever
+    # podman commands it runs at that moment (its log followers). The daemon's own stop
+    # must still remove its containers.
+    fleet = container_fleet(tmp_path, model, image)
+    with (tmp_path / "daemon.stderr").open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", str(fleet)],
+                                stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+                                cwd=REPO, start_new_session=True)  # a job of its own
+    try:
+        state = Path(owner)
+        wait_for(lambda: [t["state"] for t in json.loads(
+            (state / "status.json").read_text()).get("targets", [])] == ["ready", "ready"]
+            if (state / "status.json").exists() else False, 120, "both targets ready")
+        assert len(containers_of(owner)) == 2
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
+        assert proc.wait(120) == 0, (tmp_path / "daemon.stderr").read_text()[-3000:]
+        assert containers_of(owner) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -21,10 +21,12 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from supervisor.cli.common import load
+    from supervisor.daemon import memtrim
     from supervisor.daemon.lifecycle import Daemon
     from supervisor.daemon.logs import configure
     from supervisor.plugin.registry import default_registry
 
+    memtrim.tune_allocator()  # before any thread allocates (memtrim.py)
     configure(json_lines=args.json_logs)
     registry = default_registry()
     loaded = load(args.file, registry)
