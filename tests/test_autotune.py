@@ -171,3 +171,18 @@ def test_a_setting_losing_where_its_workload_paid_is_a_drift_judged_without_the_
     assert said and "x the baseline at length 8, where this workload measured up to 1.30x" in said[0]
     assert reason is not None and "does not pay" in reason  # not a retune to the old 16
     assert "16" not in tuner.memory.measured  # left with the workload it described
+
+
+def test_while_an_old_server_computes_on_the_same_cores_nothing_is_evidence(tmp_path):
+    # steady_load run 4: a baseline measured while the old server still ran 8 requests on
+    # the same 2 cores booked 7.7 tok/s at one client (off alone did 50) and turned a
+    # paying setting off. While the old one finishes, what the new one does is dropped.
+    tuner, _ = make(tmp_path, variant="simple")  # no warm-up: judged from the start
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.sharing_cores = True
+    assert tuner.observe(sample(10, 7.0, 100, 1.0, busy=1)) is None
+    assert tuner.observe(sample(60, 7.0, 600, 20.0, busy=1)) is None  # would be a decision
+    assert tuner.window.stats().tokens == 0 and not tuner.by_load.stats()
+    tuner.sharing_cores = False  # the old server stopped
+    tuner.observe(sample(70, 7.0, 700, 21.0, busy=1))
+    assert tuner.window.stats().tokens == 100  # counted from the last sample, not before

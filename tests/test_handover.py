@@ -55,8 +55,11 @@ async def test_a_retune_starts_the_new_server_beside_the_old_and_never_stops_ser
         await asyncio.sleep(0.1)
         assert not later.done(), "a new request ran beside the old server's last one"
         assert old.returncode is None, "the old server stopped under a request"
+        # Both compute on the same cores: the new server's numbers are no evidence yet.
+        assert run.sup.tuner.sharing_cores
     assert await asyncio.wait_for(later, 5) == new_url  # new requests go to the new server
     await run.until(lambda: old.returncode is not None)
+    await run.until(lambda: not run.sup.tuner.sharing_cores)
     assert old.signals == ["SIGTERM"]
     assert run.process.returncode is None and run.sup.process is run.process
     assert run.transitions == START  # never stopping, never starting: no gap

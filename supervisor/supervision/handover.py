@@ -262,6 +262,7 @@ def _take_over(owner: Owner, old: RunningProcess, new: RunningProcess, backend: 
     held = bool(left) and not on_gpu(owner)
     if held:
         owner.requests.hold_new(old_route, CPU_HOLD)
+        owner.tuner.sharing_cores = True  # until the old one stops: _retire
     _emit(owner, f"pid {new.pid} on port {backend.target.port} serves now (ready after "
           f"{loaded_in:.1f}s); pid {old.pid} finishes its {left} request(s) in flight, then "
           "stops" + (f"; new requests wait for them (at most {CPU_HOLD:g}s): both servers "
@@ -282,6 +283,7 @@ async def _retire(owner: Owner, old: RunningProcess, route: int) -> None:
               replace="retired", pid=old.pid, drained=drained)
     finally:
         owner.retiring.pop(old, None)
+        owner.tuner.sharing_cores = bool(owner.retiring) and owner.tuner.sharing_cores
 
 
 async def stop_retiring(owner: Owner) -> None:

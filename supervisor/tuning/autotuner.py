@@ -60,6 +60,8 @@ class AutoTuner:
         # seconds its last start took to become ready (what a restart in place costs).
         self.restart_is_free: Callable[[], bool] = lambda: False
         self.restart_seconds: float | None = None
+        # The old server of a handover still computes on these cores: no evidence meanwhile.
+        self.sharing_cores = False
         self._unbooked = False  # a decision applied whose restart has not been timed yet
         self._workload_since: float | None = None  # the first sample, or the last drift
         self.features: frozenset[str] = frozenset()  # the runtime build's (preflight)
@@ -83,9 +85,8 @@ class AutoTuner:
     @property
     def draft_length(self) -> int | None:
         """The length passed to the runtime: tuned, else configured, else its own default.
-        `length.start` is the configured variant's: another variant the search tries starts
-        at the runtime's default for it (mod's n-max and simple's size-m are different
-        quantities, with defaults 64 and 48 in llama.cpp)."""
+        `length.start` is the configured variant's: another variant starts at the runtime's
+        default for it (mod's n-max and simple's size-m differ: 64 and 48 in llama.cpp)."""
         tuned = self.memory.length if self.active else None
         if tuned is not None:
             return tuned
@@ -109,8 +110,8 @@ class AutoTuner:
         return self.memory.lengths_by_load
 
     def launch_backend(self, base: Backend | None = None) -> Backend:
-        """The backend for the variant and the lengths by load it runs (the configured
-        backend when not tuned); `base`: the backend on the port it is to listen on."""
+        """The backend for the variant and lengths by load it runs (configured, when not
+        tuned); `base`: the backend on the port it is to listen on."""
         backend = (base or self.backend).with_variant(self.variant)
         table = self.lengths_by_load
         return backend.with_lengths_by_load(batch_ranges(table)) if table else backend
@@ -128,23 +129,20 @@ class AutoTuner:
             self.store.save(self.target.name, memory)
 
     def runtime_started(self, info: RuntimeInfo) -> None:
-        """A server (re)started: check which model file and runtime build the baseline
-        belongs to, and whether its drafter starts cold."""
+        """A server (re)started: which model and runtime the baseline is of; a cold drafter?"""
         self.by_load.last_read = None  # the time it was down is no load
         self.features = info.features
         if self.active:
             self._check_runtime(info)
-        # A drafter that learns across requests starts empty: until it has served
-        # min_tokens, its numbers describe a cold server, not the setting (tuner_phases
-        # run 10: ngram-mod at n-max 25 measured 2.39x just restarted, where n-max 16
-        # ran 2.64x on a server up for minutes; so the variant search chose simple).
+        # A drafter that learns across requests starts empty: until it has served min_tokens,
+        # its numbers describe a cold server, not the setting (tuner_phases run 10: ngram-mod
+        # at n-max 25 measured 2.39x just restarted, n-max 16 2.64x on a server up for minutes).
         self._cold_tokens = (self.target.tuning.min_tokens if self.active
                              and self.speculation_on and self.launch_backend().drafter_learns()
                              else 0)
 
     def _check_runtime(self, info: RuntimeInfo) -> None:
-        key = runtime_key(self.target, info)
-        if self.memory.baseline_key == key:
+        if self.memory.baseline_key == (key := runtime_key(self.target, info)):
             return
         if self.memory.baseline_tps is not None:
             self.emit("tuning", "model file or runtime changed: the baseline will be "
@@ -167,7 +165,9 @@ class AutoTuner:
             self._workload_since = now
         delta = self.window.observe(sample, now)
         self.by_load.read(now, sample.requests_processing, delta, proxy_peak, proxy_busy or {})
-        if not self.active:
+        if self.sharing_cores:
+            self._warm_up(None)  # dropped as a cold drafter's first tokens are
+        if not self.active or self.sharing_cores:
             return None
         sampled = self.sampling.observe(*proxy_sampling)
         if self._cold_tokens > 0:
@@ -229,8 +229,8 @@ class AutoTuner:
         self.drafting_drift.reset()
 
     def _warm_up(self, delta: Delta | None) -> None:
-        """A learning drafter's first tokens after a start are dropped, and not watched for
-        drift (its acceptance rises as it learns)."""
+        """A learning drafter's first tokens after a start (its acceptance rises as it
+        learns), or a new server's beside the old one: dropped, not watched for drift."""
         if delta is not None:
             self._cold_tokens -= delta.tokens
         self.window.clear()
