@@ -136,6 +136,11 @@ class Soak:
                           f"{record['recovered_s']} s ({record['detail']})", file=sys.stderr)
                     self._check_orphans(after=fault)
                     next_fault = time.monotonic() + rand.uniform(20, 60)
+        except KeyboardInterrupt:
+            # Ctrl-C: the daemon stops first (its runtimes and containers with it), before the
+            # traffic's threads are waited for, which a second Ctrl-C would cut short.
+            fleet.stop_daemon()
+            raise
         finally:
             self.traffic.stop()
             stop.set()
