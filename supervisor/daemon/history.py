@@ -4,7 +4,8 @@ and marks for what happened (starts, crashes, loads and unloads, tuning decision
 
 Bounded twice: `keep` seconds (24 h) and `max_points` samples and `max_marks` marks per target
 (a mark is a dict of ~440 bytes, and a target that swaps on demand every few seconds makes
-thousands an hour: the soak's daemon grew by them; a day's chart shows no more anyway),
+a thousand an hour: the soak's daemon grew by them for hours under a bound of 2,000; a
+day's chart cannot show more than a few hundred apart anyway; events.jsonl keeps them all),
 in memory (samples in compact columns: samples.py) and in <state_dir>/history/<target>.jsonl,
 which is appended to and rewritten from memory when it has grown to twice what is kept. A
 line that cannot be written (a full disk) is reported to `report`, never raised; a line that
@@ -40,7 +41,7 @@ MARK_STATES = frozenset({"starting", "backoff", "failed", "unloaded", "stopped"}
 
 class History:
     def __init__(self, directory: Path, keep: float = 24 * 3600, max_points: int = 20_000,
-                 max_marks: int = 2_000,
+                 max_marks: int = 500,
                  report: StateReport = LOG_ONLY,
                  clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
