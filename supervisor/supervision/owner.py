@@ -268,8 +268,8 @@ class TargetSupervisor:
         self._may_adopt = False  # only the first start may find a running unit
         if adopted is None and why:
             self._event("adopt", why)
-        proc = adopted or await self.launcher.start(self.name, spec, stop_grace=grace,
-                                                    on_line=self.backend.on_output)
+        proc = adopted if adopted is not None else await self.launcher.start(
+            self.name, spec, stop_grace=grace, on_line=self.backend.on_output)
         self.process, self.started_at, self.failure_output = proc, time.time(), None
         self.metrics = None  # the previous process's counters are not this one's
         self.placement = follow(proc, self.backend, self.placement)
