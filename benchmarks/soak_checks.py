@@ -139,6 +139,13 @@ class DaemonResources:
             s = slope_per_hour([(t, v[key]) for t, v in rows])
             out[f"{key}_per_hour"] = None if s is None else round(s, 2)
         out["rss_mb_last"] = round(rows[-1][1]["rss_mb"], 1) if rows else None
+        # Halves apart: bounded stores filling (growth that stops) from growth that goes on.
+        if rows:
+            mid = (rows[0][0] + rows[-1][0]) / 2
+            halves = ([r for r in rows if r[0] <= mid], [r for r in rows if r[0] >= mid])
+            out["rss_mb_per_hour_halves"] = [
+                None if (s := slope_per_hour([(t, v["rss_mb"]) for t, v in half])) is None
+                else round(s, 2) for half in halves]
         return out
 
     def series(self, every: float = 60.0) -> dict[str, list[list[float]]]:
