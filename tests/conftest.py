@@ -177,8 +177,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 class DaemonProcess:
     """`specfleet run FILE` as a real child process, observed through its state directory."""
 
-    def __init__(self, fleet: Path) -> None:
+    def __init__(self, fleet: Path, own_group: bool = False) -> None:
         self.fleet = fleet
+        self.own_group = own_group  # a job of its own, as a shell starts it (Ctrl-C: killpg)
         self.state_dir = Path(yaml.safe_load(fleet.read_text())["daemon"]["state_dir"])
         self.stderr_path = fleet.parent / "daemon.stderr"
         self._stderr = self.stderr_path.open("wb")
@@ -189,7 +190,7 @@ class DaemonProcess:
         return subprocess.Popen(
             [sys.executable, "-m", "supervisor", "run", str(self.fleet), "--json-logs"],
             stdout=subprocess.DEVNULL, stderr=self._stderr, stdin=subprocess.DEVNULL,
-            cwd=REPO)
+            cwd=REPO, start_new_session=self.own_group)
 
     def status(self) -> dict[str, Any]:
         """The status this daemon wrote (not one left by an earlier daemon on the same dir)."""

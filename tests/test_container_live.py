@@ -341,19 +341,13 @@ def test_ctrl_c_at_a_terminal_stops_the_containers_too(
     # podman commands it runs at that moment (its log followers). The daemon's own stop
     # must still remove its containers.
     fleet = container_fleet(tmp_path, model, image)
-    with (tmp_path / "daemon.stderr").open("wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", str(fleet)],
-                                stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
-                                cwd=REPO, start_new_session=True)  # a job of its own
+    daemon = DaemonProcess(fleet, own_group=True)
     try:
-        state = Path(owner)
-        wait_for(lambda: [t["state"] for t in json.loads(
-            (state / "status.json").read_text()).get("targets", [])] == ["ready", "ready"]
-            if (state / "status.json").exists() else False, 120, "both targets ready")
+        for name in yaml.safe_load(fleet.read_text())["targets"]:
+            daemon.wait_state(name, "ready", timeout=120)
         assert len(containers_of(owner)) == 2
-        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
-        assert proc.wait(120) == 0, (tmp_path / "daemon.stderr").read_text()[-3000:]
+        os.killpg(daemon.proc.pid, signal.SIGINT)  # what the terminal does
+        assert daemon.proc.wait(120) == 0, daemon.log()[-3000:]
         assert containers_of(owner) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        daemon.stop()

@@ -5,7 +5,7 @@ and marks for what happened (starts, crashes, loads and unloads, tuning decision
 Bounded twice: `keep` seconds (24 h) and `max_points` samples and `max_marks` marks per target
 (a mark is a dict of ~440 bytes, and a target that swaps on demand every few seconds makes
 a thousand an hour: the soak's daemon grew by them for hours under a bound of 2,000; a
-day's chart cannot show more than a few hundred apart anyway; events.jsonl keeps them all),
+day's chart cannot show more than a few hundred apart anyway; events.jsonl has them, up to its rotation),
 in memory (samples in compact columns: samples.py) and in <state_dir>/history/<target>.jsonl,
 which is appended to and rewritten from memory when it has grown to twice what is kept. A
 line that cannot be written (a full disk) is reported to `report`, never raised; a line that

@@ -1,4 +1,4 @@
-"""Hand the C allocator's free pages back to the system, once a minute.
+"""glibc tuned as the daemon starts, and its free pages handed back once a minute.
 
 The soak (docs/reliability.md, "What grows in the daemon") saw the daemon's RSS grow by
 megabytes an hour. Part of it is below Python: buffers over pymalloc's 512 bytes (HTTP

@@ -283,7 +283,8 @@ async def _retire(owner: Owner, old: RunningProcess, route: int) -> None:
               replace="retired", pid=old.pid, drained=drained)
     finally:
         owner.retiring.pop(old, None)
-        owner.tuner.sharing_cores = bool(owner.retiring) and owner.tuner.sharing_cores
+        if not owner.retiring:
+            owner.tuner.sharing_cores = False
 
 
 async def stop_retiring(owner: Owner) -> None:
