@@ -240,3 +240,44 @@ def test_only_a_target_the_vram_plan_puts_on_a_gpu_counts_as_on_one():
     assert not on_gpu(owner(None)) and not on_gpu(owner(placer(None)))
     assert not on_gpu(owner(placer({"t": False}))) and not on_gpu(owner(placer({})))
     assert on_gpu(owner(placer({"t": True})))
+
+
+async def test_a_reload_beside_on_the_cpu_holds_new_requests_and_the_tuner_until_the_old_is_done(
+        start_target):
+    """daemon/replacing.py: the changed target's new supervisor serves beside the old one;
+    while the old server finishes its request on the same cores, the new one's requests wait
+    and its tuner takes nothing as evidence (as in a retune's handover)."""
+    from supervisor.daemon.replacing import replace_beside
+    from supervisor.events import EventBus
+
+    old, new = start_target(beside=True), start_target(beside=True)
+    await old.reaches(S.READY)
+    await new.reaches(S.READY)
+    bus, seen = EventBus(), []
+    bus.subscribe(lambda e: (seen.append(e), new.notify()))
+    steps = lambda: [e.data["replace"] for e in seen]  # noqa: E731
+    async with old.sup.served.relaying():  # a request on the old server
+        replacing = asyncio.create_task(replace_beside(
+            old.sup, new.sup, bus, start=lambda sup: None, switch=lambda sup: None))
+        await new.until(lambda: "switched" in steps())
+        assert new.sup.tuner.sharing_cores
+        later = asyncio.create_task(relay_once(new))
+        await asyncio.sleep(0.1)
+        assert not later.done(), "a new request ran beside the old server's last one"
+    await asyncio.wait_for(later, 5)
+    assert await asyncio.wait_for(replacing, 5)
+    assert steps() == ["beside", "switched", "retired"]
+    assert not new.sup.tuner.sharing_cores
+    switched = next(e for e in seen if e.data["replace"] == "switched")
+    assert switched.data["held"] and switched.data["in_flight"] == 1
+    assert "new requests wait for them" in switched.reason
+
+    # Nothing in flight on the old server: nothing to wait for, the tuner's evidence counts.
+    again = start_target(beside=True)
+    await again.reaches(S.READY)
+    seen.clear()
+    assert await asyncio.wait_for(replace_beside(new.sup, again.sup, bus, start=lambda s: None,
+                                                 switch=lambda s: None), 5)
+    switched = next(e for e in seen if e.data["replace"] == "switched")
+    assert not switched.data["held"] and not again.sup.tuner.sharing_cores
+    await asyncio.wait_for(relay_once(again), 1)

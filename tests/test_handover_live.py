@@ -157,6 +157,10 @@ def test_a_reload_that_changes_a_serving_target_fails_no_request(
         wait_for(lambda: traffic.count() >= done + 4, 60, "requests on the new server")
     assert traffic.failed() == [], traffic.failed()[:3]
     assert replace_steps(daemon) == ["beside", "switched", "retired"]
+    # On the CPU the new server's requests wait for the old one's last (if it had any).
+    switched = next(e["data"] for e in daemon.events("t") if e["kind"] == "replace"
+                    and e["data"]["replace"] == "switched")
+    assert switched["held"] == (switched["in_flight"] > 0)
     now = daemon.target("t")
     assert now["state"] == "ready" and now["pid"] != first["pid"]
     assert not psutil.pid_exists(first["pid"])

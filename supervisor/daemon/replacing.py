@@ -10,7 +10,9 @@ once, whose server starts on a free port while the old supervisor's serves:
 1. once the new server is ready, the proxy's new requests go to the new supervisor (the
    proxy looks a target up by name for each request);
 2. the old supervisor's server finishes the requests it has (at most the new target's
-   `health.start_timeout`), then it stops.
+   `health.start_timeout`), then it stops. Where both servers compute on the same CPU
+   cores, the new one's first requests wait for those (at most 30 s) and its tuner takes
+   nothing it measures meanwhile as evidence, as in a retune's handover.
 
 A new server that cannot start, exits or is not ready within its `health.start_timeout`
 (plus a load's grace) is stopped and the reload falls back to a restart in place (the
@@ -28,7 +30,13 @@ from typing import Any
 
 from supervisor.config.schema import Target
 from supervisor.events import Event, EventBus
-from supervisor.supervision.handover import in_place_reason, port_beside, room_beside
+from supervisor.supervision.handover import (
+    CPU_HOLD,
+    in_place_reason,
+    on_gpu,
+    port_beside,
+    room_beside,
+)
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.states import SERVING, State
 
@@ -90,12 +98,24 @@ async def replace_beside(old: TargetSupervisor, new: TargetSupervisor, events: E
         _emit(events, name, f"the changed target's new server {why}; restarting in place",
               replace="in_place", output=output)
         return False
+    left = old.requests.in_flight
+    held = bool(left) and not on_gpu(new)
+    if held:  # before the switch: no request may reach the new server unheld
+        new.requests.hold_for(old.requests, CPU_HOLD)
+        new.tuner.sharing_cores = True
     switch(new)
     pid = new.process.pid if new.process is not None else None
     _emit(events, name, f"proxy requests go to pid {pid} now; pid {old_pid} finishes its "
-          f"{old.requests.in_flight} request(s) in flight", replace="switched", pid=pid)
-    drained = await old.requests.drained(new.target.health.start_timeout)
-    await old.shutdown("replaced by its changed definition (reload)")
+          f"{left} request(s) in flight" + (
+              f"; new requests wait for them (at most {CPU_HOLD:g}s): both servers compute "
+              "on the same CPU cores" if held else ""),
+          replace="switched", pid=pid, in_flight=left, held=held)
+    try:
+        drained = await old.requests.drained(new.target.health.start_timeout)
+        await old.shutdown("replaced by its changed definition (reload)")
+    finally:
+        if held and not new.retiring:  # a handover of its own clears it when it ends
+            new.tuner.sharing_cores = False
     _emit(events, name, f"pid {old_pid} stopped: "
           + ("its requests were done" if drained else
              f"requests still in flight after {new.target.health.start_timeout:g}s"),
