@@ -104,3 +104,23 @@ def test_marks_have_a_bound_of_their_own_far_below_the_samples(tmp_path):
     marks = h.view("t")["marks"]
     assert len(marks) == h.max_marks
     assert marks[-1]["reason"] == f"evicted {h.max_marks + 49}"
+
+
+def test_a_file_of_marks_is_rewritten_at_twice_the_marks_kept_not_twice_the_samples(tmp_path):
+    """A swapping target makes ~1,200 marks an hour and few samples: counted with the samples,
+    its file grew to 2 x max_points lines, every one parsed by the next daemon to keep the
+    last max_marks."""
+    clock = Clock()
+    h = History(tmp_path, max_points=1000, max_marks=10, clock=clock)
+    for i in range(5):
+        clock.now += 1
+        h.sample("t", {"tokens_per_second": float(i)})
+    for i in range(95):
+        clock.now += 1
+        h.mark(Event("t", "state", f"evicted {i}", "ready", "unloaded", time=clock.now))
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert len([p for p in lines if "m" in p]) <= 20  # rewritten at twice max_marks
+    assert len([p for p in lines if "s" in p]) == 5  # the samples kept through each rewrite
+    again = History(tmp_path, max_points=1000, max_marks=10, clock=clock).view("t")
+    assert [m["reason"] for m in again["marks"]] == [f"evicted {i}" for i in range(85, 95)]
+    assert len(again["samples"]) == 5

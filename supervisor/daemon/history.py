@@ -7,9 +7,11 @@ Bounded twice: `keep` seconds (24 h) and `max_points` samples and `max_marks` ma
 a thousand an hour: the soak's daemon grew by them for hours under a bound of 2,000; a
 day's chart cannot show more than a few hundred apart anyway; events.jsonl has them, up to its rotation),
 in memory (samples in compact columns: samples.py) and in <state_dir>/history/<target>.jsonl,
-which is appended to and rewritten from memory when it has grown to twice what is kept. A
-line that cannot be written (a full disk) is reported to `report`, never raised; a line that
-cannot be read is skipped.
+which is appended to and rewritten from memory when its samples or its marks have grown to
+twice what is kept of them (counted apart: a swapping target's marks would otherwise fill
+40,000 lines, all parsed by the next daemon to keep 500). The next daemon reads the file a
+line at a time. A line that cannot be written (a full disk) is reported to `report`, never
+raised; a line that cannot be read is skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import collections
 import heapq
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,8 @@ class History:
         self.clock = clock
         self._samples: dict[str, Samples] = {}
         self._marks: dict[str, collections.deque[dict[str, Any]]] = {}
-        self._written: dict[str, int] = {}  # lines in each file since it was last rewritten
+        # Lines of samples and of marks in each file (what was rewritten, appended since).
+        self._written: dict[str, collections.Counter[str]] = {}
 
     # --- recording ---
 
@@ -86,10 +89,11 @@ class History:
         self._trim(target)
         path = self._path(target)
         line = json.dumps(point) + "\n"
-        if self._written.get(target, 0) + 1 > 2 * self.max_points:
+        kind, written = ("s" if "s" in point else "m"), self._written[target]
+        if written[kind] + 1 > 2 * (self.max_points if kind == "s" else self.max_marks):
             self.report.attempt(path.name, lambda: self._rewrite(target))
         elif self.report.attempt(path.name, lambda: _append(path, line)):
-            self._written[target] = self._written.get(target, 0) + 1
+            written[kind] += 1
 
     def _points(self, target: str) -> list[dict[str, Any]]:
         """Samples and marks as the file holds them, in time order."""
@@ -99,7 +103,8 @@ class History:
     def _rewrite(self, target: str) -> None:
         points = self._points(target)
         write_text(self._path(target), "".join(json.dumps(p) + "\n" for p in points))
-        self._written[target] = len(points)
+        self._written[target] = collections.Counter(s=len(self._samples[target]),
+                                                    m=len(self._marks[target]))
 
     def _trim(self, target: str) -> None:
         oldest = self.clock() - self.keep
@@ -120,14 +125,15 @@ class History:
         self._samples[target] = samples = Samples(SAMPLED, self.max_points,
                                                   integral=frozenset({"draft_length"}))
         self._marks[target] = marks = collections.deque(maxlen=self.max_marks)
-        read = _read(self._path(target))
-        for p in read:
+        self._written[target] = written = collections.Counter()
+        for p in _read(self._path(target)):
             if isinstance(p.get("s"), dict):
                 samples.append(p["t"], p["s"])
+                written["s"] += 1
             elif isinstance(p.get("m"), dict):
                 marks.append(p)
+                written["m"] += 1
         self._trim(target)
-        self._written[target] = len(read)
 
     def view(self, target: str, since: float | None = None) -> dict[str, Any]:
         """{"samples": [{"t", ...quantities}], "marks": [{"t", "kind", "reason", ...}],
@@ -147,17 +153,21 @@ def _append(path: Path, line: str) -> None:
         f.write(line)
 
 
-def _read(path: Path) -> Iterable[dict[str, Any]]:
+def _read(path: Path) -> Iterator[dict[str, Any]]:
+    """The file's points, a line at a time (a whole file at once was a transient peak of
+    megabytes at every daemon start, which the allocator keeps)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        f = path.open(encoding="utf-8", errors="replace")
     except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
+        return
+    with f:
         try:
-            point = json.loads(line)
-        except ValueError:
-            continue  # a line torn by a crash
-        if isinstance(point, dict) and isinstance(point.get("t"), int | float):
-            out.append(point)
-    return out
+            for line in f:
+                try:
+                    point = json.loads(line)
+                except ValueError:
+                    continue  # a line torn by a crash
+                if isinstance(point, dict) and isinstance(point.get("t"), int | float):
+                    yield point
+        except OSError:
+            return
