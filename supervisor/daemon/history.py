@@ -157,11 +157,7 @@ def _read(path: Path) -> Iterator[dict[str, Any]]:
     """The file's points, a line at a time (a whole file at once was a transient peak of
     megabytes at every daemon start, which the allocator keeps)."""
     try:
-        f = path.open(encoding="utf-8", errors="replace")
-    except OSError:
-        return
-    with f:
-        try:
+        with path.open(encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     point = json.loads(line)
@@ -169,5 +165,5 @@ def _read(path: Path) -> Iterator[dict[str, Any]]:
                     continue  # a line torn by a crash
                 if isinstance(point, dict) and isinstance(point.get("t"), int | float):
                     yield point
-        except OSError:
-            return
+    except OSError:
+        return  # no file yet, or unreadable: no history

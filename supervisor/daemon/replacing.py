@@ -32,8 +32,9 @@ from supervisor.config.schema import Target
 from supervisor.events import Event, EventBus
 from supervisor.supervision.handover import (
     CPU_HOLD,
+    held_words,
+    holds_new_requests,
     in_place_reason,
-    on_gpu,
     port_beside,
     room_beside,
 )
@@ -99,16 +100,14 @@ async def replace_beside(old: TargetSupervisor, new: TargetSupervisor, events: E
               replace="in_place", output=output)
         return False
     left = old.requests.in_flight
-    held = bool(left) and not on_gpu(new)
+    held = holds_new_requests(new, left)
     if held:  # before the switch: no request may reach the new server unheld
         new.requests.hold_for(old.requests, CPU_HOLD)
         new.tuner.sharing_cores = True
     switch(new)
     pid = new.process.pid if new.process is not None else None
     _emit(events, name, f"proxy requests go to pid {pid} now; pid {old_pid} finishes its "
-          f"{left} request(s) in flight" + (
-              f"; new requests wait for them (at most {CPU_HOLD:g}s): both servers compute "
-              "on the same CPU cores" if held else ""),
+          f"{left} request(s) in flight" + held_words(held),
           replace="switched", pid=pid, in_flight=left, held=held)
     try:
         drained = await old.requests.drained(new.target.health.start_timeout)

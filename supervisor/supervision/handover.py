@@ -156,6 +156,18 @@ def port_beside(home: Backend) -> Backend:
     return at_port(home, _bind(host, 0) or 0)
 
 
+def holds_new_requests(owner: Owner, in_flight: int) -> bool:
+    """Whether new requests wait for the old server's `in_flight` ones and the tuner takes no
+    evidence meanwhile: both servers would compute on the same CPU cores."""
+    return bool(in_flight) and not on_gpu(owner)
+
+
+def held_words(held: bool) -> str:
+    """What the `switched` event adds when new requests are held."""
+    return (f"; new requests wait for them (at most {CPU_HOLD:g}s): both servers compute on "
+            "the same CPU cores" if held else "")
+
+
 def on_gpu(owner: Owner) -> bool:
     """Whether the VRAM plan puts this target on a GPU (else it computes on the host's cores)."""
     plan = owner.placer.fleet_plan if owner.placer is not None else None
@@ -259,14 +271,13 @@ def _take_over(owner: Owner, old: RunningProcess, new: RunningProcess, backend: 
     record_launch(owner, new, plan.spec)
     owner.tuner.restarted(loaded_in, beside=True)  # what a switch costs (holding.py)
     left = owner.requests.on_route(old_route)
-    held = bool(left) and not on_gpu(owner)
+    held = holds_new_requests(owner, left)
     if held:
         owner.requests.hold_new(old_route, CPU_HOLD)
         owner.tuner.sharing_cores = True  # until the old one stops: _retire
     _emit(owner, f"pid {new.pid} on port {backend.target.port} serves now (ready after "
           f"{loaded_in:.1f}s); pid {old.pid} finishes its {left} request(s) in flight, then "
-          "stops" + (f"; new requests wait for them (at most {CPU_HOLD:g}s): both servers "
-                     "compute on the same CPU cores" if held else ""),
+          "stops" + held_words(held),
           replace="switched", pid=new.pid, old_pid=old.pid, in_flight=left, held=held,
           loaded_s=round(loaded_in, 2))
     owner.retiring[old] = asyncio.create_task(_retire(owner, old, old_route),
