@@ -194,6 +194,7 @@ class Soak:
                            and not late and not self.mismatches and not state
                            and exit_code == 0 and (rss is None or rss < 2.0))
         return {"summary": summary, "faults": self.records, "lost": self.traffic.lost[:50],
+                "refused": self.traffic.refused[:50],
                 "orphans": self.orphans + [f"at the end: {x}" for x in left],
                 "mismatches": self.mismatches, "state_files": state,
                 "poll_errors": self.poll_errors[:50], "resources": slopes,

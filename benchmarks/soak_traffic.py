@@ -39,6 +39,9 @@ class Traffic:
         self.counts: Counter[str] = Counter()
         self.by_target: dict[str, Counter[str]] = {t: Counter() for t in targets}
         self.lost: list[dict[str, Any]] = []  # the violations, with what was seen
+        # the refusals' reasons too: a 503 is allowed, but which reason it gave tells
+        # whether the daemon refused for a cause a reader of the result would accept
+        self.refused: list[dict[str, Any]] = []
         self.active = clients
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -70,9 +73,10 @@ class Traffic:
             with self._lock:
                 self.counts[outcome] += 1
                 self.by_target[target][outcome] += 1
-                if outcome == "lost":
-                    self.lost.append({"time": time.time(), "target": target, "kind": kind,
-                                      "detail": detail})
+                if outcome in ("lost", "refused"):
+                    kept = self.lost if outcome == "lost" else self.refused
+                    kept.append({"time": time.time(), "target": target, "kind": kind,
+                                 "detail": detail})
 
     def one(self, target: str, kind: str, prompt: str, max_tokens: int) -> tuple[str, str]:
         chat = "chat" in kind
