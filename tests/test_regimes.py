@@ -11,7 +11,7 @@ from supervisor.plugin.backend import MetricsSample, RuntimeInfo
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.tuning import autotuner
 from supervisor.tuning.autotuner import AutoTuner
-from supervisor.tuning.regimes import LIMIT, recall, remember, setting_key
+from supervisor.tuning.regimes import LIMIT, recall, recall_sampled, remember, setting_key
 from supervisor.tuning.store import TunerMemory
 
 CODE = {"mod:16": 0.9}
@@ -39,6 +39,18 @@ def test_the_closest_regime_wins_and_a_matching_one_is_replaced():
     again = remember(both, {"mod:16": 0.93}, "mod", {}, {"mod": VARIANTS["mod"]}, now=3.0)
     assert len(again) == 2 and recall(again, "mod:16", 0.9)["variants"] == {
         "mod": VARIANTS["mod"]}
+
+
+def test_a_regime_of_other_sampling_is_not_replaced_by_an_acceptance_both_saw():
+    # Run 16 of tuner_phases: code (all greedy) was left late, holding prose's first judgement
+    # at length 2; prose (all sampled) judged the same length alike and must not replace it.
+    code = remember([], {"-:16": 0.98, "-:2": 0.18}, None, MEASURED, {}, now=1.0,
+                    greedy_share=0.95)
+    both = remember(code, {"-:2": 0.13}, None, {"2": MEASURED["16"]}, {}, now=2.0,
+                    greedy_share=0.0)
+    assert len(both) == 2 and recall_sampled(both, 1.0)["acceptance"]["-:16"] == 0.98
+    same = remember(code, {"-:2": 0.13}, None, MEASURED, {}, now=2.0, greedy_share=0.9)
+    assert len(same) == 1 and same[0]["seen"] == 2.0  # the same sampling: the same regime
 
 
 def test_nothing_measured_is_not_kept_and_the_oldest_go_first():

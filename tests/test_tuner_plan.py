@@ -57,7 +57,9 @@ def test_a_single_measurement_leads_to_one_exploration_then_to_a_decision_on_two
     later = Bounds(current=d.memory.length, low=1, high=16, tunable=True)
     worse = stats(seconds=8.0)  # the new length measured slower: 0.62x
     back = plan(d.memory, worse, SETTINGS, later, 2000.0, False)
-    assert back.action == "retune" and back.memory.length == 4
+    # Away from the slower one: to 4, or shorter where the cost the two fit predicts it
+    # faster (the exploration went to 8, a doubling: speedup.choose's reach).
+    assert back.action == "retune" and back.memory.length <= 4 < d.memory.length
     assert set(back.memory.measured) == {"4", str(d.memory.length)}
 
 

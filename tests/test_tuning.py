@@ -48,8 +48,18 @@ def test_high_acceptance_and_cheap_drafts_raise_the_length_to_the_true_optimum()
     cost = 0.05
     best_true = max(range(1, 33), key=lambda k: (1 + sum(truth[:k])) / (1 + cost * k))
     choice = choose(evidence_for(truth, 4, cost), 1, 32, 0.03)
-    assert choice.length == best_true
+    assert choice.length == 8 and choice.model_best == best_true  # a doubling at a time
     assert choice.gain > 0.05
+    choice = choose(evidence_for(truth, 8, cost), 1, 32, 0.03)
+    assert choice.length == best_true
+
+
+def test_a_short_draft_accepted_in_full_is_not_extrapolated_to_the_longest_length():
+    # Run 16 of tuner_phases: length 2 accepted in full on code, and 2 -> 64 was predicted
+    # 1.25x where the true best lies far shorter; the next length tried is 4.
+    truth = (1.0, 1.0, *geometric(0.9, 0.7, 62))
+    choice = choose(evidence_for(truth, 2, cost=0.15), 2, 64, 0.03)
+    assert choice.model_best > 4 and choice.length == 4
 
 
 def test_low_acceptance_lowers_the_length():

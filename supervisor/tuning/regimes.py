@@ -16,9 +16,13 @@ speculation off; a kept regime whose share is within `SHARE_TOLERANCE` of the ne
 closest, the most recently seen on a tie) is recalled at once.
 
 Acceptance is compared only at the same setting (variant and length): it depends on the
-setting as much as on the text. A regime that matches a kept one at a setting both saw is
-the same regime (the newer replaces the older); at most `LIMIT` are kept, the least
-recently seen dropped first. The functions are pure.
+setting as much as on the text. A regime that matches a kept one at a setting both saw,
+with the same sampling, is the same regime (the newer replaces the older). Two regimes whose
+shares of greedy requests differ are not, whatever acceptance they share: a drift the
+sampling shows late leaves the new workload's first judgements in the old regime (run 16 of
+tuner_phases: prose's length 2 judged at 0.18 before the sampling changed was booked to code,
+and prose's own 0.13 at length 2 then replaced the code regime, which never came back).
+At most `LIMIT` are kept, the least recently seen dropped first. The functions are pure.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ def remember(regimes: Sequence[Regime], acceptance: Mapping[str, float], variant
     if not acceptance or not (measured or variants):
         return [dict(r) for r in regimes]
     kept = [dict(r) for r in regimes
-            if not any(_matches(r, k, rate) for k, rate in acceptance.items())]
+            if not (_same_sampling(r, greedy_share)
+                    and any(_matches(r, k, rate) for k, rate in acceptance.items()))]
     kept.append({"acceptance": {k: round(v, 4) for k, v in acceptance.items()},
                  "variant": variant, "measured": dict(measured), "variants": dict(variants),
                  "seen": now, "greedy_share": None if greedy_share is None
@@ -79,6 +84,14 @@ def recall_sampled(regimes: Sequence[Regime], greedy_share: float) -> Regime | N
         return None
     best = min(shares, key=lambda i: (abs(shares[i] - greedy_share), -float(regimes[i]["seen"])))
     return regimes[best]
+
+
+def _same_sampling(regime: Regime, greedy_share: float | None) -> bool:
+    """Whether the regime's share of greedy requests is this one's (unknown on either side:
+    nothing says otherwise)."""
+    share = regime.get("greedy_share")
+    return not isinstance(share, int | float) or greedy_share is None or \
+        abs(float(share) - greedy_share) <= SHARE_TOLERANCE
 
 
 def _matches(regime: Regime, setting: str, acceptance: float) -> bool:

@@ -200,8 +200,14 @@ def choose(ev: Evidence, low: int, high: int, off_margin: float,
                    for k in lengths}
     known = max(m.speedup for m in measured.values())
     limited = search_limit is not None and len(measured) >= search_limit
+    # Acceptance past twice the longest length that ran is the decay fit alone: from a short
+    # draft accepted in full it is 1.0 at every position, and the model then takes the
+    # longest length allowed (run 16 of tuner_phases: 2 -> 64 predicted 1.25x on code, where
+    # 16 is best; run 15: 11 -> 32 predicted +25 %, measured 0.71x). A longer length is
+    # reached a doubling at a time, each one measured.
+    reach = 2 * max(measured)
     candidates = {k: v for k, v in predictions.items() if k in measured
-                  or (not limited and v >= known * (1.0 + try_margin))}
+                  or (not limited and k <= reach and v >= known * (1.0 + try_margin))}
     if limited:
         predictions = candidates or predictions
     # Ties go to the shorter length: it wastes less when acceptance drops.
@@ -209,7 +215,9 @@ def choose(ev: Evidence, low: int, high: int, off_margin: float,
         return max(table, key=lambda k: (round(table[k], 6), -k))
     # Speculation stays on while any length is predicted to pay; the one run is the best
     # candidate (none: nothing measured lies within the bounds, they were narrowed).
-    best, model_best = best_of(candidates or predictions), best_of(model)
+    best = best_of(candidates or {k: v for k, v in predictions.items() if k <= reach}
+                   or predictions)
+    model_best = best_of(model)
     probe, probe_speedup = _probe(ev, measured, high, decay) if prior is None else (None, None)
     if max(predictions.values()) < 1.0 + off_margin:
         return Choice(None, 1.0, current, cost, decay, predictions, overhead, model_best,
