@@ -73,8 +73,8 @@ class Traffic:
             with self._lock:
                 self.counts[outcome] += 1
                 self.by_target[target][outcome] += 1
-                if outcome in ("lost", "refused"):
-                    kept = self.lost if outcome == "lost" else self.refused
+                kept = {"lost": self.lost, "refused": self.refused}.get(outcome)
+                if kept is not None:
                     kept.append({"time": time.time(), "target": target, "kind": kind,
                                  "detail": detail})
 
