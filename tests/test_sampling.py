@@ -141,3 +141,66 @@ def test_more_sampled_requests_while_off_wait_for_the_next_re_probe(tmp_path):
     assert reasons == [None] * 5 and not tuner.speculation_on
     assert [e[2].get("direction") for e in events] == ["down"]
     assert tuner.memory.regimes[-1]["greedy_share"] == 1.0  # the greedy workload is kept
+
+
+def test_a_change_dates_its_first_request_by_the_run_of_the_new_kind():
+    watch = SamplingWatch()
+    for _ in range(30):
+        watch.observe(1, 0)
+    watch.observe(0, 1)
+    watch.observe(1, 0)  # one greedy request among the new ones: the run starts after it
+    assert [watch.observe(0, 1) for _ in range(5)][-1] == "down"
+    assert watch.count == 37 and watch.onset == 33
+
+
+def test_a_change_the_tokens_showed_first_keeps_what_was_measured_since(tmp_path):
+    """Run 18 of tuner_phases: the throughput left the code regime on prose's second request,
+    prose was measured (0.19x at 11), and the sampling changed three requests later. Leaving
+    again there booked prose's numbers to code's share of greedy requests, and code, back,
+    recalled them and was served off. Now the sampling change corrects the share of the
+    regime the tokens left, and prose's numbers stay prose's."""
+    tuner, events = make(tmp_path, min_steps=10_000)  # no decisions: watch the change alone
+    tuner._remember(replace(tuner.memory, baseline_tps=50.0, measured={"11": PAYS}))
+    tuner._seen = {"-:11": 0.98}
+    for _ in range(40):  # code: greedy requests
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(1, 0))
+    for _ in range(2):  # prose's first requests
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(0, 1))
+    tuner._leave_regime(time.time())  # the throughput fell: what `contradicted` does
+    assert tuner.memory.regimes[-1]["greedy_share"] < 1.0  # the share so far mixes both
+    tuner._remember(replace(tuner.memory, measured={"11": LOSES}))
+    tuner._seen = {"-:11": 0.03}
+    for _ in range(3):
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(0, 1))
+    assert [e[2].get("direction") for e in events] == ["down"]
+    assert "the tokens showed first" in events[0][1]
+    assert tuner.memory.measured == {"11": LOSES}  # prose's, kept as prose's
+    assert [(r["greedy_share"], r["measured"]) for r in tuner.memory.regimes] == \
+        [(1.0, {"11": PAYS})]
+    for _ in range(30):  # the rest of prose
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(0, 1))
+    for _ in range(5):  # code again
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(1, 0))
+    assert events[-1][2]["action"] == "recall" and events[-1][2]["measured"] == {"11": 1.5}
+    prose = [r for r in tuner.memory.regimes if r["greedy_share"] == 0.0]
+    assert prose and prose[0]["measured"] == {"11": LOSES}
+
+
+def test_a_drift_of_the_tokens_long_before_a_change_of_sampling_is_another_change(tmp_path):
+    """Code, then structured output (also greedy: the tokens show it), then prose: the
+    sampling change leaves the structured output's regime as before."""
+    tuner, events = make(tmp_path, min_steps=10_000)
+    tuner._remember(replace(tuner.memory, baseline_tps=50.0, measured={"11": PAYS}))
+    tuner._seen = {"-:11": 0.98}
+    for _ in range(20):
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(1, 0))
+    tuner._leave_regime(time.time())
+    tuner._remember(replace(tuner.memory, measured={"4": PAYS}))
+    tuner._seen = {"-:4": 0.7}
+    for _ in range(20):
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(1, 0))
+    for _ in range(5):
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(0, 1))
+    assert "drifted down (Page-Hinkley): re-evaluating" in events[-1][1]
+    assert tuner.memory.measured == {}
+    assert [r["measured"] for r in tuner.memory.regimes] == [{"11": PAYS}, {"4": PAYS}]

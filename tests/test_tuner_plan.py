@@ -227,3 +227,24 @@ def test_a_setting_losing_where_its_workload_measured_speculation_paying_means_a
     assert contradicted(replace(memory, baseline_tps=110.0), stats(), {}, 20, 13) is None
     assert contradicted(memory, stats(drafts=4), {}, 20, 13) is None
     assert contradicted(replace(memory, phase=OFF), stats(drafts=10), {}, 20, 13) is None
+
+
+def test_a_length_measured_paying_that_falls_with_its_acceptance_means_a_new_workload():
+    """Run 18 of tuner_phases: a window straddling code and prose read 16 at 0.65x accepting
+    0.43, where code had measured 16 at 1.18x accepting 0.98; booked as a measurement, it
+    replaced code's 1.18x in code's regime."""
+    from supervisor.tuning.decisions import contradicted
+
+    paid = {"16": {"speedup": 1.18, "draft_fraction": 0.9, "mean_draft_size": 14.0,
+                   "accepted_per_draft": 12.0}}
+    memory = TunerMemory("x", baseline_tps=100.0, measured=paid)
+    straddled = stats(drafts=40, tokens=260, seconds=4.0, rates=(0.6, 0.45, 0.35, 0.3))
+    said = contradicted(memory, straddled, {}, 20, 16, seen=0.98)
+    assert said is not None and "length 16 reads 0.65x" in said and "1.18x accepting 0.98" in said
+    # Either fall alone is no change: throughput (the acceptance held), acceptance (the
+    # throughput held), nor a length this workload has not measured, nor without a judgement.
+    assert contradicted(memory, straddled, {}, 20, 16, seen=0.55) is None
+    assert contradicted(memory, stats(drafts=40, tokens=1100, seconds=10.0,
+                                      rates=(0.6, 0.45, 0.35, 0.3)), {}, 20, 16, seen=0.98) is None
+    assert contradicted(memory, straddled, {}, 20, 11, seen=0.98) is None
+    assert contradicted(memory, straddled, {}, 20, 16) is None

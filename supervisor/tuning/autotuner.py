@@ -24,7 +24,7 @@ from supervisor.tuning.holding import Hold, hold, weigh
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
 from supervisor.tuning.numbers import rounded
-from supervisor.tuning.regimes import recall, recall_sampled, remember, setting_key
+from supervisor.tuning.regimes import recall, recall_sampled, relabel, remember, setting_key
 from supervisor.tuning.sampling import SamplingWatch
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore, fingerprint, runtime_key
 from supervisor.tuning.variants import allowed_variants, search
@@ -69,6 +69,10 @@ class AutoTuner:
         # Acceptance judged at each setting since the last drift: the regime it leaves
         # (not while a change is building: those windows hold some of the next regime).
         self._seen: dict[str, float] = {}
+        # The last regime left at a drift of the tokens: when (its `seen`) and after how many
+        # of the sampling watch's requests, to tell whether a later change of the sampling
+        # is the same change seen late.
+        self._left: tuple[float, int] | None = None
         self._pending: Decision | None = None
         self._pending_since = 0.0
         self._pending_sent = False
@@ -177,9 +181,12 @@ class AutoTuner:
                                              delta.acceptance_rate, delta.draft_fraction))):
             self._workload_changed(now, *drifted, None, acceptance_rate=rounded(
                 delta.acceptance_rate), draft_fraction=rounded(delta.draft_fraction))
-        if sampled:  # seen in the requests themselves, with speculation on or off
+        # Seen in the requests themselves, with speculation on or off (unless the tokens
+        # showed it first: then the regime was left at that drift).
+        if sampled and not self._seen_first_in_tokens(sampled):
             self._workload_changed(now, "the share of greedy requests", sampled,
                                    self.sampling.left_share, **self.sampling.view())
+            self._left = None  # left at this change: the next one is another
             # Sampled more, a draft that did not pay will not start to (run 15 re-probed at
             # once in prose, at 0.36x): while off, only a recalled workload ends it early.
             if not self._recall_sampled() and sampled == "down" and not self.speculation_on:
@@ -221,6 +228,28 @@ class AutoTuner:
         self._fresh_evidence()
         self._leave_regime(now, left_share)
 
+    def _seen_first_in_tokens(self, direction: str) -> bool:
+        """At a change of the sampling: whether a drift of acceptance or throughput already
+        left a regime for it, after the new workload's first request. The tokens often show
+        a change before the sampling does (with a request a minute, five requests are five
+        minutes), and what was measured since that drift is the new workload's: leaving a
+        regime again would book it to the old one's share of greedy requests, and a return
+        would recall it as the old workload's (run 18 of tuner_phases: prose's 0.19x at 11
+        and 0.52x at 2 came back as code's, and code was served off). So the regime left at
+        that drift gets the old share, and the measurements stay."""
+        onset = self.sampling.onset
+        if self._left is None or onset is None or self._left[1] < onset:
+            return False
+        seen, _ = self._left
+        self._left = None
+        m, share = self.memory, self.sampling.left_share
+        self.emit("tuning", f"the share of greedy requests drifted {direction} (Page-Hinkley):"
+                  " a change the tokens showed first, measured since as the new workload",
+                  direction=direction, drifted="the share of greedy requests",
+                  **self.sampling.view())
+        self._remember(replace(m, regimes=relabel(m.regimes, seen, share)))
+        return True
+
     def _fresh_evidence(self) -> None:
         """After a change of setting or of workload: the windows and detectors start over."""
         self.window.clear()
@@ -242,7 +271,8 @@ class AutoTuner:
         if self.lengths_by_load and self.memory.phase == SPECULATING:
             return judge_table(self.memory, stats.drafts, settings, now, self._drifted, load)
         bounds = self.bounds()
-        said = contradicted(self.memory, stats, load, settings.min_steps, bounds.current)
+        said = contradicted(self.memory, stats, load, settings.min_steps, bounds.current,
+                            self._seen.get(setting_key(self.variant, bounds.current)))
         if said is not None and not self._drifted:  # a drift the throughput shows first
             self.emit("tuning", said, drifted="throughput", window=stats.to_dict())
             self._drifted = True
@@ -277,6 +307,8 @@ class AutoTuner:
         share = greedy_share if greedy_share is not None else self.sampling.share
         regimes = remember(m.regimes, self._seen, self.variant, m.measured, m.variants, now,
                            share)
+        self._left = (now, self.sampling.count) if any(r["seen"] == now for r in regimes) \
+            else None
         self._seen = {}
         self._remember(replace(m, measured={}, variants={}, regimes=regimes))
 

@@ -56,6 +56,15 @@ PROBE_LENGTH = 2
 # 0.18x off in prose for a whole cool-down after the retune to it. Nothing this slow is
 # noise: at 0.6x a quarter of `min_steps` is still tens of verification steps.
 LOSING = 0.6
+# A window at a length this workload already measured, reading under FELL of that
+# measurement while its acceptance is more than ACCEPTANCE_FELL under the acceptance judged
+# at the same setting, is a new workload, not a new measurement of the old one: a window
+# that straddles a change of workload read 16 at 0.65x (run 18 of tuner_phases) and 0.80x
+# (run 16) where code had measured 1.18x and 1.08x, and the old regime kept the low number
+# in place of its own. Either drop alone can be noise (throughput on a shared box; the
+# acceptance of a short window): both at once are not.
+FELL = 0.75
+ACCEPTANCE_FELL = 0.16
 
 
 def plan(memory: TunerMemory, stats: WindowStats, settings: Tuning, bounds: Bounds,
@@ -152,9 +161,11 @@ def quick_speedup(memory: TunerMemory, stats: WindowStats, load: Summary) -> flo
 
 
 def contradicted(memory: TunerMemory, stats: WindowStats, load: Summary, min_steps: int,
-                 current: int) -> str | None:
+                 current: int, seen: float | None = None) -> str | None:
     """Why the window says the workload changed before the drift detector does: the setting
-    loses (under LOSING) where this regime measured speculation paying. Those measurements
+    loses (under LOSING) where this regime measured speculation paying, or it fell at a
+    length this regime measured paying, with the acceptance judged there (`seen`) fallen too
+    (FELL, ACCEPTANCE_FELL). Those measurements
     describe another workload, and a choice made from them goes wrong (run 14 of
     tuner_phases, entering prose: n-max 13 at 0.17x, retuned to 11 predicted 1.14x from an
     11 measured on code)."""
@@ -162,10 +173,18 @@ def contradicted(memory: TunerMemory, stats: WindowStats, load: Summary, min_ste
         return None
     quick = quick_speedup(memory, stats, load)
     best = max(float(m["speedup"]) for m in memory.measured.values())
-    if quick >= LOSING or best < 1.0:
+    if quick < LOSING and best >= 1.0:
+        return (f"throughput fell to {quick:.2f}x the baseline at length {current}, where this "
+                f"workload measured up to {best:.2f}x: taken as a change of workload")
+    here, rate = memory.measured.get(str(current)), stats.acceptance_rate
+    if here is None or seen is None or rate is None:
         return None
-    return (f"throughput fell to {quick:.2f}x the baseline at length {current}, where this "
-            f"workload measured up to {best:.2f}x: taken as a change of workload")
+    before = float(here["speedup"])
+    if before >= 1.0 and quick < FELL * before and seen - rate > ACCEPTANCE_FELL:
+        return (f"length {current} reads {quick:.2f}x the baseline accepting {rate:.2f}, where "
+                f"this workload measured {before:.2f}x accepting {seen:.2f}: taken as a change "
+                "of workload")
+    return None
 
 
 def reprobe_wait(memory: TunerMemory, settings: Tuning) -> float:

@@ -86,6 +86,15 @@ def recall_sampled(regimes: Sequence[Regime], greedy_share: float) -> Regime | N
     return regimes[best]
 
 
+def relabel(regimes: Sequence[Regime], seen: float, greedy_share: float | None
+            ) -> list[dict[str, Any]]:
+    """The kept regimes with the one left at `seen` given this share of greedy requests (a
+    change of sampling that showed after the drift of the tokens that left it); the share
+    unknown leaves it as it was."""
+    return [dict(r, greedy_share=round(greedy_share, 4))
+            if r.get("seen") == seen and greedy_share is not None else dict(r) for r in regimes]
+
+
 def _same_sampling(regime: Regime, greedy_share: float | None) -> bool:
     """Whether the regime's share of greedy requests is this one's (unknown on either side:
     nothing says otherwise)."""

@@ -62,6 +62,13 @@ class SamplingWatch:
     # The latest requests: at a change they are the new workload's first, and seed it.
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     left_share: float | None = None  # the share of the workload the last change left
+    count: int = 0  # the requests observed, ever: the tuner dates its own changes by them
+    # The latest unbroken run of one kind: its value and how many requests it has.
+    run_value: float | None = None
+    run_length: int = 0
+    # At a change: the number of the new workload's first request (`count` when it came),
+    # estimated as the start of the latest run of the new kind; None before any change.
+    onset: int | None = None
 
     @property
     def share(self) -> float | None:
@@ -71,11 +78,18 @@ class SamplingWatch:
     def observe(self, greedy: int, sampled: int) -> str | None:
         """Add the requests of one interval; "up" or "down" when the share of greedy requests
         changed for good. The watch then starts over on the new workload from its latest
-        requests, and `left_share` is the old one's share without them."""
+        requests, `left_share` is the old one's share without them, and `onset` the
+        number of the new workload's first request (by `count`)."""
         for x in interleaved(greedy, sampled):
             self.recent.append(x)
+            self.count += 1
+            self.run_length = self.run_length + 1 if x == self.run_value else 1
+            self.run_value = x
             if direction := self.detector.update(x):
                 d, seeds = self.detector, list(self.recent)
+                # The new kind's run, or the seeds where the run is of the other kind.
+                new = 1.0 if direction == "up" else 0.0
+                self.onset = self.count - (self.run_length if x == new else len(seeds)) + 1
                 old = d.n - len(seeds)
                 self.left_share = (d.mean * d.n - sum(seeds)) / old if old > 0 else None
                 d.reset()
