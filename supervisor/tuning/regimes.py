@@ -22,6 +22,9 @@ shares of greedy requests differ are not, whatever acceptance they share: a drif
 sampling shows late leaves the new workload's first judgements in the old regime (run 16 of
 tuner_phases: prose's length 2 judged at 0.18 before the sampling changed was booked to code,
 and prose's own 0.13 at length 2 then replaced the code regime, which never came back).
+A change of sampling that shows after a drift of the tokens already left a regime for it
+is the same change: that regime is given the old share (`relabel`), and nothing is left
+again (run 18: prose's numbers were booked under code's share and recalled as code's).
 At most `LIMIT` are kept, the least recently seen dropped first. The functions are pure.
 """
 
