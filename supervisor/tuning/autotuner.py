@@ -307,8 +307,7 @@ class AutoTuner:
         share = greedy_share if greedy_share is not None else self.sampling.share
         regimes = remember(m.regimes, self._seen, self.variant, m.measured, m.variants, now,
                            share)
-        self._left = (now, self.sampling.count) if any(r["seen"] == now for r in regimes) \
-            else None
+        self._left = (now, self.sampling.count)  # (none is kept where nothing was measured)
         self._seen = {}
         self._remember(replace(m, measured={}, variants={}, regimes=regimes))
 
