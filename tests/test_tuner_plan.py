@@ -248,3 +248,28 @@ def test_a_length_measured_paying_that_falls_with_its_acceptance_means_a_new_wor
                                       rates=(0.6, 0.45, 0.35, 0.3)), {}, 20, 16, seen=0.98) is None
     assert contradicted(memory, straddled, {}, 20, 11, seen=0.98) is None
     assert contradicted(memory, straddled, {}, 20, 16) is None
+
+
+def test_time_off_measures_the_baseline_again_and_a_re_probe_is_judged_against_it():
+    """Run 17 of tuner_phases: a baseline read 38.6 tokens/s once (off served 27.1 in the
+    phase that followed), 6 at 0.95x and 2 at 0.77x were judged against it, and code was
+    served off. The tokens served off are the baseline, measured for free."""
+    low = {"speedup": 0.77, "draft_fraction": 1.0, "mean_draft_size": 2.0,
+           "accepted_per_draft": 1.9}
+    memory = TunerMemory("x", phase=OFF, baseline_tps=38.6, last_change=0.0,
+                         baseline_by_load={"1": 38.6}, measured={"2": low})
+    off = stats(drafts=0, tokens=271, seconds=10.0, rates=())
+    d = plan(memory, off, SETTINGS, BOUNDS, 1000.0, False, {"1": (271, 27.1)})
+    assert d.action == "enable" and d.data["baseline_refreshed"] == {"1": [38.6, 27.1]}
+    assert d.memory.baseline_by_load == {"1": 27.1} and d.memory.baseline_tps == pytest.approx(27.1)
+    assert d.memory.measured["2"]["speedup"] == pytest.approx(0.77 * 38.6 / 27.1, abs=1e-4)
+    # A load the baseline lacked is measured too; the speedups judged at the others stay.
+    busy = plan(memory, off, SETTINGS, BOUNDS, 1000.0, False, {"4-7": (271, 60.0)})
+    assert busy.memory.baseline_by_load == {"1": 38.6, "4-7": 60.0}
+    assert busy.memory.measured == {"2": low}
+    # Not from a window that drafted, nor from too few tokens, nor before the re-probe is due.
+    for window in (stats(drafts=5, tokens=271, seconds=10.0), stats(drafts=0, tokens=50,
+                                                                      seconds=2.0, rates=())):
+        d = plan(memory, window, SETTINGS, BOUNDS, 1000.0, False, {"1": (271, 27.1)})
+        assert d.memory.baseline_by_load == {"1": 38.6} and "baseline_refreshed" not in d.data
+    assert plan(memory, off, SETTINGS, BOUNDS, 10.0, False, {"1": (271, 27.1)}) is None
