@@ -273,3 +273,26 @@ def test_time_off_measures_the_baseline_again_and_a_re_probe_is_judged_against_i
         d = plan(memory, window, SETTINGS, BOUNDS, 1000.0, False, {"1": (271, 27.1)})
         assert d.memory.baseline_by_load == {"1": 38.6} and "baseline_refreshed" not in d.data
     assert plan(memory, off, SETTINGS, BOUNDS, 10.0, False, {"1": (271, 27.1)}) is None
+
+
+def test_the_tuner_leaves_a_regime_whose_own_length_falls_with_its_acceptance(tmp_path):
+    """The wiring of the rule above: the acceptance judged at the running setting is what
+    the window is compared with, and the regime is kept with its own number."""
+    import time as clock
+
+    from supervisor.plugin.backend import RuntimeInfo
+    from tests.test_autotune import make, sample
+
+    tuner, events = make(tmp_path, cooldown=3600)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    paid = {"speedup": 1.5, "draft_fraction": 1.0, "mean_draft_size": 8.0,
+            "accepted_per_draft": 7.6}
+    tuner._remember(replace(tuner.memory, phase=SPECULATING, baseline_tps=100.0,
+                            measured={"8": paid}, last_change=clock.time()))
+    tuner._seen = {"-:8": 0.95}
+    tuner.observe(sample(0, 0, 0, 0.0))
+    tuner.observe(sample(10, 7.6, 200, 1.0))  # a learning drafter's first tokens: not judged
+    tuner.observe(sample(110, 3.24, 900, 11.0))  # 0.7x the baseline, accepting 0.40
+    said = [e[1] for e in events]
+    assert any("length 8 reads 0.70x" in s and "1.50x accepting 0.95" in s for s in said), said
+    assert [r["measured"] for r in tuner.memory.regimes] == [{"8": paid}]
