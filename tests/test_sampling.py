@@ -204,3 +204,19 @@ def test_a_drift_of_the_tokens_long_before_a_change_of_sampling_is_another_chang
     assert "drifted down (Page-Hinkley): re-evaluating" in events[-1][1]
     assert tuner.memory.measured == {}
     assert [r["measured"] for r in tuner.memory.regimes] == [{"11": PAYS}, {"4": PAYS}]
+
+
+def test_a_change_the_tokens_showed_first_with_nothing_measured_since_recalls_a_kept_one(tmp_path):
+    tuner, events = make(tmp_path, min_steps=10_000)
+    code = remember([], {"-:12": 0.9}, tuner.variant, {"12": PAYS}, {}, now=1.0, greedy_share=1.0)
+    tuner._remember(replace(tuner.memory, baseline_tps=50.0, regimes=code))
+    for _ in range(40):  # prose
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(0, 1))
+    for _ in range(2):  # code's first requests
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(1, 0))
+    tuner._leave_regime(time.time())  # the tokens showed it; nothing measured in prose
+    for _ in range(3):
+        tuner.observe(sample(0, 0, 0, 0), proxy_sampling=(1, 0))
+    assert "the tokens showed first" in events[0][1]
+    assert events[1][2]["action"] == "recall" and events[1][2]["measured"] == {"12": 1.5}
+    assert tuner.memory.measured == {"12": PAYS}

@@ -236,7 +236,8 @@ class AutoTuner:
         regime again would book it to the old one's share of greedy requests, and a return
         would recall it as the old workload's (run 18 of tuner_phases: prose's 0.19x at 11
         and 0.52x at 2 came back as code's, and code was served off). So the regime left at
-        that drift gets the old share, and the measurements stay."""
+        that drift gets the old share, and the measurements stay (where there are none, a
+        kept regime with the new share comes back, as at any change of sampling)."""
         onset = self.sampling.onset
         if self._left is None or onset is None or self._left[1] < onset:
             return False
@@ -248,6 +249,7 @@ class AutoTuner:
                   direction=direction, drifted="the share of greedy requests",
                   **self.sampling.view())
         self._remember(replace(m, regimes=relabel(m.regimes, seen, share)))
+        self._recall_sampled()  # where nothing was measured since: a workload seen before
         return True
 
     def _fresh_evidence(self) -> None:
