@@ -24,7 +24,8 @@ from supervisor.tuning.holding import Hold, hold, weigh
 from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.mix import batch_ranges, summary
 from supervisor.tuning.numbers import rounded
-from supervisor.tuning.regimes import recall, recall_sampled, relabel, remember, setting_key
+from supervisor.tuning.regime_book import RegimeBook
+from supervisor.tuning.regimes import setting_key
 from supervisor.tuning.sampling import SamplingWatch
 from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore, fingerprint, runtime_key
 from supervisor.tuning.variants import allowed_variants, search
@@ -36,7 +37,7 @@ EVALUATIONS = frozenset({Action.KEEP, Action.RETUNE, Action.EXPLORE, Action.DISA
                          Action.VARIANT})
 
 
-class AutoTuner:
+class AutoTuner(RegimeBook):
     def __init__(self, target: Target, backend: Backend, store: TuningStore | None,
                  emit: EventSink, clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
@@ -228,30 +229,6 @@ class AutoTuner:
         self._fresh_evidence()
         self._leave_regime(now, left_share)
 
-    def _seen_first_in_tokens(self, direction: str) -> bool:
-        """At a change of the sampling: whether a drift of acceptance or throughput already
-        left a regime for it, after the new workload's first request. The tokens often show
-        a change before the sampling does (with a request a minute, five requests are five
-        minutes), and what was measured since that drift is the new workload's: leaving a
-        regime again would book it to the old one's share of greedy requests, and a return
-        would recall it as the old workload's (run 18 of tuner_phases: prose's 0.19x at 11
-        and 0.52x at 2 came back as code's, and code was served off). So the regime left at
-        that drift gets the old share, and the measurements stay (where there are none, a
-        kept regime with the new share comes back, as at any change of sampling)."""
-        onset = self.sampling.onset
-        if self._left is None or onset is None or self._left[1] < onset:
-            return False
-        seen, _ = self._left
-        self._left = None
-        m, share = self.memory, self.sampling.left_share
-        self.emit("tuning", f"the share of greedy requests drifted {direction} (Page-Hinkley):"
-                  " a change the tokens showed first, measured since as the new workload",
-                  direction=direction, drifted="the share of greedy requests",
-                  **self.sampling.view())
-        self._remember(replace(m, regimes=relabel(m.regimes, seen, share)))
-        self._recall_sampled()  # where nothing was measured since: a workload seen before
-        return True
-
     def _fresh_evidence(self) -> None:
         """After a change of setting or of workload: the windows and detectors start over."""
         self.window.clear()
@@ -299,52 +276,6 @@ class AutoTuner:
         lasted = max(now - (self._workload_since or now), self.target.tuning.cooldown)
         return weigh(decision, self.memory, self.bounds().current, self.restart_seconds,
                      self.restart_is_free(), warm, lasted)
-
-    def _leave_regime(self, now: float, greedy_share: float | None = None) -> None:
-        """At a drift: the speedups measured before it describe a workload that is gone;
-        they are kept with the acceptance last judged and the share of greedy requests
-        (`greedy_share`, else the current one), for its return (tuning/regimes.py)."""
-        self._workload_since = now  # a new workload starts
-        m = self.memory
-        share = greedy_share if greedy_share is not None else self.sampling.share
-        regimes = remember(m.regimes, self._seen, self.variant, m.measured, m.variants, now,
-                           share)
-        self._left = (now, self.sampling.count)  # (none is kept where nothing was measured)
-        self._seen = {}
-        self._remember(replace(m, measured={}, variants={}, regimes=regimes))
-
-    def _recall_regime(self, setting: str, stats: WindowStats) -> None:
-        """After a drift, once there is evidence: a kept regime with this acceptance here."""
-        m = self.memory
-        if m.measured or m.variants or stats.acceptance_rate is None:
-            return
-        if (regime := recall(m.regimes, setting, stats.acceptance_rate)) is not None:
-            self._resume(regime, f"acceptance {stats.acceptance_rate:.2f} at {setting} matches"
-                         f" a workload seen before ({regime['acceptance'][setting]:.2f})",
-                         setting=setting, acceptance_rate=round(stats.acceptance_rate, 4),
-                         regime_acceptance=regime["acceptance"][setting])
-
-    def _recall_sampled(self) -> bool:
-        """At a change of the requests' sampling: a kept regime with the new share of greedy
-        requests, at once (speculation may be off); whether one came back."""
-        share, m = self.sampling.share, self.memory
-        regime = (None if share is None or m.measured or m.variants
-                  else recall_sampled(m.regimes, share))
-        return regime is not None and self._resume(
-            regime, f"{share:.0%} of the latest requests greedy, as in a workload seen before "
-            f"({regime['greedy_share']:.0%})", **self.sampling.view())
-
-    def _resume(self, regime: Mapping[str, Any], said: str, **data: Any) -> bool:
-        # Speedups by length are the variant's that ran when the regime was left.
-        measured = dict(regime["measured"]) if regime.get("variant") == self.variant else {}
-        variants = dict(regime["variants"])
-        if not (measured or variants):
-            return False
-        self._remember(replace(self.memory, measured=measured, variants=variants))
-        self.emit("tuning", f"{said}: resuming from what was measured in it", action="recall",
-                  measured={k: round(v["speedup"], 3) for k, v in measured.items()},
-                  variants=variants, **data)
-        return True
 
     def apply_pending(self) -> None:
         """Make the pending decision the current setting (the caller restarts the server)."""
