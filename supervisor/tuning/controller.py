@@ -1,0 +1,240 @@
+"""The tuner's core: estimators fed with intervals, the rule asked for a decision.
+
+One `TuningController` per target. Fed every interval of service (`observe`: what the
+runtime's counters moved, the busy seconds, the load, the tokens each class of request
+made), it keeps
+
+- the cost profile: a `CostFit` per load bucket (tuning/cost.py), seeded by a
+  calibration and refined by every interval;
+- the acceptance of each class (tuning/acceptance.py), from the intervals one class
+  made (at least `PURE` of the tokens; mixed ones teach the cost only);
+- the mix: the tokens of each (load, class) lately, fading with a half-life of
+  the latest `MIX_TOKENS`, cut where a new mix began, and how long this mix has lasted
+  in busy seconds.
+
+`decide` predicts every setting for the mix (tuning/prediction.py) and applies the rule
+(tuning/rule.py) with R, the expected remaining busy time of this mix: the longest of
+what it has lasted so far, what its main class lasted the last times it came
+(`stretch`), and `MIN_HORIZON`. The same object runs in the daemon (tuning/autotuner.py)
+and in the trace simulator (benchmarks/trace_sim.py), on a clock it is given. After a
+switch, once the new setting has made `CHECK_TOKENS` tokens, the measured speedup of the
+mix is set beside the one predicted (`checks`). Pure: no I/O, no clock of its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.tuning.acceptance import ClassAcceptance
+from supervisor.tuning.cost import CostFit, Interval, StepCost
+from supervisor.tuning.prediction import OFF, Prediction, predict
+from supervisor.tuning.rule import EXPLORE, KEEP, Decision, decide, describe
+
+PURE = 0.8
+MIX_TOKENS = 2400.0  # the mix: about the last twelve answers of 192 tokens
+CHANGE_TOKENS = 600.0  # the newest tokens compared with the rest for a change of mix
+MIN_HORIZON = 120.0  # busy seconds a new mix is expected to last at least
+MAX_HORIZON = 3600.0
+NEW_MIX = 0.6  # the newest tokens' classes this far from the rest's: a new mix
+CHECK_TOKENS = 1500
+MIN_EVIDENCE_STEPS = 60  # drafted steps at a new setting before it is judged again
+BUCKETS = ("1", "2-3", "4-7", "8+")
+
+
+def bucket_of(load: int) -> str:
+    return "1" if load <= 1 else "2-3" if load <= 3 else "4-7" if load <= 7 else "8+"
+
+
+MixEntry = tuple[str, dict[str, float], float]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One interval of service at the setting running (`setting`: OFF or a length)."""
+
+    interval: Interval
+    setting: int
+    load: int
+    per_position: Sequence[float] = ()
+    class_tokens: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TuningController:
+    lengths: list[int]
+    current: int
+    min_gain: float = 0.05
+    min_steps: int = 200
+    fills_length: bool = True  # draft models draft k; n-gram methods what they match
+    costs: dict[str, CostFit] = field(default_factory=dict)
+    classes: dict[str, ClassAcceptance] = field(default_factory=dict)
+    # The latest intervals of the mix: (load bucket, tokens by class, busy seconds).
+    recent: deque[MixEntry] = field(default_factory=deque)
+    lasted: float = 0.0  # busy seconds since this mix began
+    stretch: dict[str, float] = field(default_factory=dict)
+    explored: set[str] = field(default_factory=set)
+    since_switch: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("tokens", "seconds", "off_seconds", "drafted"), 0.0))
+    expected: float | None = None  # the mix's predicted speedup at the last switch
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    def calibrate(self, bucket: str, intervals: Sequence[Interval]) -> StepCost | None:
+        """Seed a load bucket's cost with a calibration's cells (their fit is its prior)."""
+        fit = CostFit()
+        for iv in intervals:
+            fit.add(iv, forget=1.0)
+        prior = fit.solve()
+        fit.prior = prior
+        self.costs[bucket] = fit
+        return prior
+
+    def cost(self, bucket: str) -> StepCost | None:
+        """The bucket's cost, else the nearest bucket's with data."""
+        i = BUCKETS.index(bucket)
+        for b in sorted(BUCKETS, key=lambda b: abs(BUCKETS.index(b) - i)):
+            if b in self.costs and (c := self.costs[b].solve()) is not None:
+                return c
+        return None
+
+    def observe(self, obs: Observation) -> None:
+        iv = obs.interval
+        bucket = bucket_of(obs.load)
+        self.costs.setdefault(bucket, CostFit(self.cost(bucket))).add(iv)
+        total = sum(obs.class_tokens.values())
+        if total <= 0:
+            return
+        main = max(obs.class_tokens, key=lambda c: obs.class_tokens[c])
+        if obs.setting != OFF and obs.class_tokens[main] >= PURE * total:
+            acc = self.classes.get(main, ClassAcceptance())
+            self.classes[main] = acc.observe(obs.setting, iv.drafted_steps, obs.per_position,
+                                             iv.tokens - iv.accepted_tokens, iv.draft_tokens)
+        self.recent.append((bucket, dict(obs.class_tokens), iv.seconds))
+        self._follow_mix()
+        s = self.since_switch
+        s["tokens"] += iv.tokens
+        s["seconds"] += iv.seconds
+        s["drafted"] += iv.drafted_steps
+        if (cost := self.cost(bucket)) is not None:  # what these tokens would take off
+            s["off_seconds"] += cost.plain * iv.tokens
+        self._check()
+
+    def shares(self, intervals: Sequence[MixEntry] | None = None) -> dict[str, float]:
+        by_class: dict[str, float] = {}
+        for _, tokens, _ in self.recent if intervals is None else intervals:
+            for cls, n in tokens.items():
+                by_class[cls] = by_class.get(cls, 0.0) + n
+        total = sum(by_class.values()) or 1.0
+        return {c: w / total for c, w in by_class.items()}
+
+    def _split(self) -> tuple[list[MixEntry], list[MixEntry], float]:
+        """The mix's newest entries (up to CHANGE_TOKENS), the rest, and their distance."""
+        entries = list(self.recent)
+        newest, count = 0, 0.0
+        while newest < len(entries) and count < CHANGE_TOKENS:
+            newest += 1
+            count += sum(entries[-newest][1].values())
+        if not entries[:-newest]:
+            return entries, [], 0.0
+        moved = _distance(self.shares(entries[-newest:]), self.shares(entries[:-newest]))
+        return entries[-newest:], entries[:-newest], moved
+
+    def _follow_mix(self) -> None:
+        """Keep the latest MIX_TOKENS of the mix; when its newest CHANGE_TOKENS differ from
+        the rest by more than NEW_MIX, a new mix began there: the rest is dropped (it
+        would bend the prediction towards the mix that ended) and the old mix's main
+        class notes how long it lasted."""
+        newest, older, moved = self._split()
+        self.lasted += newest[-1][2]
+        if moved > NEW_MIX and sum(sum(t.values()) for _, t, _ in newest) >= CHANGE_TOKENS \
+                and sum(sum(t.values()) for _, t, _ in older) >= CHANGE_TOKENS:
+            old, new = self.shares(older), self.shares(newest)
+            # The change is where the entries start to look like the new mix.
+            while len(newest) > 1 and _distance(self.shares(newest[:1]), old) < \
+                    _distance(self.shares(newest[:1]), new):
+                older, newest = older + newest[:1], newest[1:]
+            main = max(old, key=lambda c: old[c])
+            new_seconds = sum(sec for _, _, sec in newest)
+            lasted = self.lasted - new_seconds
+            prev = self.stretch.get(main)
+            self.stretch[main] = lasted if prev is None else (prev + lasted) / 2
+            self.recent, self.lasted = deque(newest), new_seconds
+        while sum(sum(t.values()) for _, t, _ in list(self.recent)[1:]) >= MIX_TOKENS:
+            self.recent.popleft()
+
+    def changing(self) -> bool:
+        """Whether the latest interval differs from the rest as a new mix would, before
+        there are CHANGE_TOKENS of it to say so: no decision until that is settled."""
+        if len(self.recent) < 2:
+            return False
+        entries = list(self.recent)
+        return _distance(self.shares(entries[-1:]), self.shares(entries[:-1])) > NEW_MIX
+
+    def main_class(self) -> str | None:
+        shares = self.shares()
+        return max(shares, key=lambda c: shares[c]) if shares else None
+
+    def remaining(self) -> float:
+        main = self.main_class()
+        seen = self.stretch.get(main, 0.0) - self.lasted if main else 0.0
+        return min(MAX_HORIZON, max(self.lasted, seen, MIN_HORIZON))
+
+    def predictions(self) -> dict[int, Prediction] | None:
+        terms = []
+        for bucket, tokens, _ in self.recent:
+            cost = self.cost(bucket)
+            if cost is None:
+                return None
+            terms += [(cost, self.classes.get(c, ClassAcceptance()), n) for c, n in tokens.items()]
+        if not terms:
+            return None
+        return predict(terms, [OFF, *self.lengths], self.fills_length)
+
+    def unknown(self) -> bool:
+        """Whether the mix's main classes have no acceptance measured yet."""
+        shares = self.shares()
+        return any(self.classes.get(c, ClassAcceptance()).steps < self.min_steps
+                   for c, s in shares.items() if s >= 0.2)
+
+    def decide(self, switch_cost: float) -> Decision | None:
+        """The rule's decision now; None while the model cannot predict (no cost measured,
+        no traffic seen) or the setting has just changed and shows too little yet."""
+        if self.current != OFF and self.since_switch["drafted"] < MIN_EVIDENCE_STEPS \
+                and self.since_switch["tokens"] < CHECK_TOKENS:
+            return None
+        preds = self.predictions()
+        if preds is None or self.changing():
+            return None
+        # A class explored once is not explored again: what it showed is its acceptance.
+        unknown = self.unknown() and self.main_class() not in self.explored
+        d = decide(preds, self.current, self.remaining(), switch_cost, self.min_gain, unknown)
+        d.data["mix"] = {c: round(s, 3) for c, s in self.shares().items()}
+        return d
+
+    def switched(self, decision: Decision) -> None:
+        """The decision's setting now runs (the caller restarted the server)."""
+        if decision.action == KEEP:
+            return
+        if decision.action == EXPLORE and (main := self.main_class()) is not None:
+            self.explored.add(main)
+        preds = decision.data.get("predicted", {})
+        got = preds.get(describe(decision.setting))
+        self.expected = got["mid"] if got else None
+        self.current = decision.setting
+        self.since_switch = dict.fromkeys(self.since_switch, 0.0)
+
+    def _check(self) -> None:
+        s = self.since_switch
+        if self.expected is None or s["tokens"] < CHECK_TOKENS:
+            return
+        if s["seconds"] > 0 and s["off_seconds"] > 0:
+            self.checks.append({"setting": self.current, "predicted": self.expected,
+                                "measured": round(s["off_seconds"] / s["seconds"], 3)})
+        self.expected = None
+
+
+def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    """Half the L1 distance of two mixes' shares: 0 the same, 1 nothing in common."""
+    return sum(abs(a.get(c, 0.0) - b.get(c, 0.0)) for c in set(a) | set(b)) / 2

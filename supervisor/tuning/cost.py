@@ -1,0 +1,162 @@
+"""What a step costs on this machine: the cost half of the tuner's model.
+
+A step is one forward pass of the target for one request. A plain step yields one token;
+a drafted step drafts d tokens, verifies them in one batch and yields 1 + m tokens (m
+accepted). Its busy seconds are linear in what it does:
+
+    seconds = t_plain · plain_steps + t_step · drafted_steps + t_draft · draft_tokens
+              + t_accept · accepted_tokens
+
+`t_step` is the fixed part of a drafted step (drafting's set-up, the verification batch),
+`t_draft` what each drafted token adds (a draft-model decode, a wider batch), `t_accept`
+what each accepted token adds (the draft catching up on the tokens it did not draft
+itself). Reading the prompt is in the busy seconds too: it is not a term of its own (a
+calibration's prompts are alike, so its cost cannot be told from a step's), and falls on
+the step terms in proportion (the draft model reads the prompt too, so a drafted step
+carries its share of that). The
+coefficients belong to the machine, the model files, the runtime build and the load, not
+to the text: they are fitted by least squares from any interval's counters, a
+calibration's (known acceptance, lengths far apart: every coefficient is identifiable)
+and the serving server's alike. Served at one draft length, `draft_tokens` is k times
+`drafted_steps` and only their sum is learnt from it: the fit is a ridge regression pulled
+towards the calibration, so serving refines what it can tell apart and leaves the rest.
+Pure: counts in, coefficients out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+N = 4  # the regressors: plain steps, drafted steps, draft tokens, accepted tokens
+NAMES = ("plain", "step", "per_draft", "per_accepted")
+# Weight of the pull towards the prior, relative to each term's own evidence: small enough
+# to leave what the counts identify, enough to keep an unidentified direction where it was.
+RIDGE = 1e-3
+# Each new interval's statistics count fully, older ones fade with this factor per interval
+# (about 2,000 intervals' memory): a build's cost drifts little, a machine's load does.
+FORGET = 0.9995
+
+
+@dataclass(frozen=True)
+class Interval:
+    """What one server did over some busy seconds (a scrape's delta, a calibration cell)."""
+
+    seconds: float
+    tokens: float
+    drafted_steps: float = 0.0
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    speculating: bool = False
+
+    @property
+    def plain_steps(self) -> float:
+        # Every step yields one token of the target's own, plus what it accepted.
+        return max(0.0, self.tokens - self.drafted_steps - self.accepted_tokens)
+
+    def row(self) -> list[float]:
+        return [self.plain_steps, self.drafted_steps, self.draft_tokens, self.accepted_tokens]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds per step at one load: plain, and a drafted step's parts."""
+
+    plain: float
+    step: float
+    per_draft: float
+    per_accepted: float
+
+    def drafted(self, draft: float, accepted: float) -> float:
+        """Seconds of one drafted step of `draft` tokens that accepts `accepted`."""
+        return self.step + self.per_draft * draft + self.per_accepted * accepted
+
+    def as_list(self) -> list[float]:
+        return [self.plain, self.step, self.per_draft, self.per_accepted]
+
+    def to_dict(self) -> dict[str, float]:
+        return {t: round(v, 7) for t, v in zip(NAMES, self.as_list(), strict=True)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepCost:
+        return cls(*(float(data.get(k, 0.0)) for k in NAMES))
+
+
+@dataclass
+class CostFit:
+    """Normal equations of the regression above, for one load bucket."""
+
+    prior: StepCost | None = None
+    xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * N for _ in range(N)])
+    xty: list[float] = field(default_factory=lambda: [0.0] * N)
+    steps: float = 0.0  # plain-step equivalents seen (for "is it calibrated?")
+
+    def add(self, interval: Interval, forget: float = FORGET) -> None:
+        if interval.seconds <= 0 or interval.tokens <= 0:
+            return
+        x = interval.row()
+        for i in range(N):
+            self.xty[i] = self.xty[i] * forget + x[i] * interval.seconds
+            for j in range(N):
+                self.xtx[i][j] = self.xtx[i][j] * forget + x[i] * x[j]
+        self.steps = self.steps * forget + interval.plain_steps + interval.drafted_steps
+
+    def solve(self) -> StepCost | None:
+        """The least-squares coefficients, pulled towards the prior (or, with none, towards
+        the plain step's cost for every drafted part); None before any step was seen."""
+        if self.steps <= 0:
+            return None
+        scale = max(self.xtx[i][i] for i in range(N)) or 1.0
+        prior = self.prior.as_list() if self.prior else None
+        if prior is None:
+            plain = self.xty[0] / self.xtx[0][0] if self.xtx[0][0] > 0 else 0.0
+            prior = [plain, plain, plain / 2, 0.0]
+        # Each term pulled in proportion to its own evidence (as if the terms were scaled
+        # alike); a term never seen is held at the prior by a floor.
+        lam = [max(RIDGE * self.xtx[i][i], 1e-9 * scale) for i in range(N)]
+        a = [[self.xtx[i][j] + (lam[i] if i == j else 0.0) for j in range(N)] for i in range(N)]
+        b = [self.xty[i] + lam[i] * prior[i] for i in range(N)]
+        coef = _solve(a, b)
+        return StepCost(*(max(0.0, c) for c in coef))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prior": self.prior.to_dict() if self.prior else None, "xtx": self.xtx,
+                "xty": self.xty, "steps": self.steps}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostFit:
+        prior = data.get("prior")
+        return cls(StepCost.from_dict(prior) if prior else None,
+                   [list(map(float, r)) for r in data["xtx"]], list(map(float, data["xty"])),
+                   float(data.get("steps", 0.0)))
+
+
+def fit(intervals: Sequence[Interval], prior: StepCost | None = None) -> StepCost | None:
+    """One cost fitted from `intervals` (a calibration's cells), no forgetting."""
+    f = CostFit(prior)
+    for iv in intervals:
+        f.add(iv, forget=1.0)
+    return f.solve()
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (4 unknowns; no numpy dependency)."""
+    n = len(b)
+    m = [[*row, b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-300:
+            continue
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        if abs(m[r][r]) < 1e-300:
+            continue
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x

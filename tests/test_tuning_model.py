@@ -1,0 +1,152 @@
+"""The tuner's model: cost fitted apart from acceptance, predictions, the one rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.tuning.acceptance import ClassAcceptance, class_of
+from supervisor.tuning.controller import Observation, TuningController
+from supervisor.tuning.cost import CostFit, Interval, StepCost, fit
+from supervisor.tuning.prediction import OFF, Prediction, class_speedup, predict
+from supervisor.tuning.rule import EXPLORE, KEEP, SWITCH, decide
+
+TRUE = StepCost(plain=0.04, step=0.05, per_draft=0.008, per_accepted=0.002)
+
+
+def interval(cost: StepCost, k: int, accepted_per_step: float, steps: int) -> Interval:
+    """What `steps` drafted steps (k = 0: plain steps) take under `cost`, exactly."""
+    if k == 0:
+        return Interval(cost.plain * steps, steps)
+    seconds = steps * cost.drafted(k, accepted_per_step)
+    return Interval(seconds, steps * (1 + accepted_per_step), steps, steps * k,
+                    steps * accepted_per_step, speculating=True)
+
+
+def geometric(p0: float, rho: float, k: int, steps: int) -> list[float]:
+    return [steps * p0 * rho ** i for i in range(k)]
+
+
+def test_a_calibration_at_lengths_far_apart_recovers_every_part_of_a_step():
+    cells = [interval(TRUE, 0, 0, 500)]
+    cells += [interval(TRUE, k, r * k, int(576 / (1 + r * k))) for k in (2, 4, 8, 16)
+              for r in (0.2, 0.8)]
+    got = fit(cells)
+    assert got is not None
+    for name, want in TRUE.to_dict().items():
+        assert got.to_dict()[name] == pytest.approx(want, rel=0.02, abs=TRUE.plain / 100), name
+
+
+def test_serving_one_length_refines_the_cost_without_undoing_the_calibration():
+    calibration = fit([interval(TRUE, 0, 0, 500)]
+                      + [interval(TRUE, k, r * k, int(576 / (1 + r * k))) for k in (2, 16)
+                         for r in (0.2, 0.8)])
+    slower = StepCost(0.044, 0.055, 0.0088, 0.0022)  # the machine got 10 % busier
+    f = CostFit(calibration)
+    for _ in range(200):
+        f.add(interval(slower, 4, 2.5, 100))
+    got = f.solve()
+    assert got is not None
+    # What serving at 4 shows (a drafted step at 4 accepting 2.5) follows the machine...
+    assert got.drafted(4, 2.5) == pytest.approx(slower.drafted(4, 2.5), rel=0.02)
+    # ...and the split between a step's fixed part and its drafted tokens stays the
+    # calibration's, not a = 0 as a fit of one length alone would make it.
+    assert got.step > 0.5 * calibration.step
+
+
+def test_acceptance_model_recovers_p0_and_rho_from_per_position_counts_at_any_length():
+    for k in (2, 8):
+        acc = ClassAcceptance().observe(k, 3000, geometric(0.9, 0.8, k, 3000), 3000, 3000 * k)
+        assert acc.first.mean == pytest.approx(0.9, abs=0.01)
+        assert acc.onward.mean == pytest.approx(0.8, abs=0.01)
+        assert acc.accepted(16) == pytest.approx(0.9 * (1 - 0.8 ** 16) / 0.2, rel=0.03)
+
+
+def test_acceptance_bounds_narrow_with_evidence():
+    few = ClassAcceptance().observe(4, 20, geometric(0.7, 0.7, 4, 20), 20, 80)
+    many = ClassAcceptance().observe(4, 2000, geometric(0.7, 0.7, 4, 2000), 2000, 8000)
+    assert few.accepted(4, -1.64) < many.accepted(4, -1.64) < many.accepted(4)
+    assert many.accepted(4) < many.accepted(4, 1.64) < few.accepted(4, 1.64)
+
+
+def test_speedup_is_tokens_per_step_over_seconds_per_step_in_plain_steps():
+    acc = ClassAcceptance().observe(4, 10_000, geometric(0.9, 0.9, 4, 10_000), 10_000, 40_000)
+    e = acc.accepted(4)
+    want = (1 + e) * TRUE.plain / TRUE.drafted(4, e)
+    assert class_speedup(TRUE, acc, 4) == pytest.approx(want)
+    assert class_speedup(TRUE, acc, OFF) == 1.0
+
+
+def test_the_mix_speedup_is_the_token_weighted_harmonic_mean_of_its_classes():
+    good = ClassAcceptance().observe(8, 5000, geometric(0.95, 0.95, 8, 5000), 5000, 40_000)
+    bad = ClassAcceptance().observe(8, 5000, geometric(0.2, 0.3, 8, 5000), 5000, 40_000)
+    a, b = class_speedup(TRUE, good, 8), class_speedup(TRUE, bad, 8)
+    got = predict([(TRUE, good, 3.0), (TRUE, bad, 1.0)], [OFF, 8])
+    assert got[8].mid == pytest.approx(1 / (0.75 / a + 0.25 / b))
+    assert got[OFF].mid == 1.0
+
+
+def preds(**mids: tuple[float, float, float]) -> dict[int, Prediction]:
+    out = {OFF: Prediction(OFF, 1.0, 1.0, 1.0)}
+    for name, (lo, mid, hi) in mids.items():
+        k = int(name[1:])
+        out[k] = Prediction(k, lo, mid, hi)
+    return out
+
+
+@pytest.mark.parametrize(("current", "predictions", "remaining", "cost", "unknown", "want"), [
+    # The best setting's sure gain pays for the switch over the remaining busy time.
+    (4, preds(k4=(1.0, 1.05, 1.1), k16=(1.3, 1.4, 1.5)), 600, 10, False, (SWITCH, 16)),
+    # The same gain over too short a mix does not pay a 60 s restart.
+    (4, preds(k4=(1.0, 1.05, 1.1), k16=(1.3, 1.4, 1.5)), 100, 60, False, (KEEP, 4)),
+    # A better mid whose lower bound is not better: no switch.
+    (4, preds(k4=(1.1, 1.2, 1.3), k16=(1.0, 1.3, 1.6)), 3600, 10, False, (KEEP, 4)),
+    # Even the best case of every length is below off: off.
+    (8, preds(k4=(0.5, 0.6, 0.7), k8=(0.4, 0.5, 0.6)), 600, 10, False, (SWITCH, OFF)),
+    # Off with a mix never seen drafted: explore the most promising length, once.
+    (OFF, preds(k4=(0.4, 0.8, 1.4), k16=(0.3, 0.7, 1.9)), 600, 10, True, (EXPLORE, 16)),
+    # Off, the mix known to lose: stay off.
+    (OFF, preds(k4=(0.4, 0.5, 0.6)), 600, 10, False, (KEEP, OFF)),
+    # Off, a known mix that gains: back on without exploring.
+    (OFF, preds(k4=(1.3, 1.4, 1.5)), 600, 10, False, (SWITCH, 4)),
+])
+def test_the_rule(current, predictions, remaining, cost, unknown, want):
+    d = decide(predictions, current, remaining, cost, 0.05, unknown)
+    assert (d.action, d.setting) == want
+    assert d.data["predicted"]  # every decision carries the prediction it was made on
+
+
+def test_a_class_seen_before_gets_its_setting_back_without_exploring():
+    ctrl = TuningController(lengths=[2, 4, 8, 16], current=16)
+    ctrl.calibrate("1", [interval(TRUE, 0, 0, 500)]
+                   + [interval(TRUE, k, r * k, int(576 / (1 + r * k))) for k in (2, 16)
+                      for r in (0.2, 0.8)])
+
+    def serve(cls: str, p0: float, rho: float, rounds: int) -> list[str]:
+        actions = []
+        for _ in range(rounds):
+            k = ctrl.current
+            if k == OFF:
+                iv = interval(TRUE, 0, 0, 200)
+                ctrl.observe(Observation(iv, OFF, 1, (), {cls: iv.tokens}))
+            else:
+                pos = geometric(p0, rho, k, 200)
+                iv = interval(TRUE, k, sum(pos) / 200, 200)
+                ctrl.observe(Observation(iv, k, 1, pos, {cls: iv.tokens}))
+            d = ctrl.decide(switch_cost=5.0)
+            if d is not None and d.action != KEEP:
+                ctrl.switched(d)
+                actions.append(f"{d.action} {d.setting}")
+        return actions
+
+    serve("code", 0.95, 0.95, 60)  # settles at a long draft
+    code_setting = ctrl.current
+    assert code_setting >= 8
+    serve("prose", 0.25, 0.3, 60)  # a class that loses: off
+    assert ctrl.current == OFF
+    assert serve("code", 0.95, 0.95, 60) == [f"switch {code_setting}"]  # one restart, no search
+
+
+def test_class_names_say_sampling_and_endpoint_unless_the_client_names_one():
+    assert class_of(True, "/completion") == "greedy /completion"
+    assert class_of(False, "/v1/chat/completions") == "sampled /v1/chat/completions"
+    assert class_of(None, "/completion", "nightly-batch") == "nightly-batch"
