@@ -46,8 +46,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from supervisor.tuning.controller import Observation, TuningController, bucket_of  # noqa: E402
+from supervisor.tuning.controller import Observation, TuningController  # noqa: E402
 from supervisor.tuning.cost import Interval  # noqa: E402
+from supervisor.tuning.load import bucket_of  # noqa: E402
 from supervisor.tuning.prediction import OFF  # noqa: E402
 from supervisor.tuning.rule import KEEP  # noqa: E402
 

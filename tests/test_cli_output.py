@@ -245,16 +245,8 @@ def test_with_the_daemon_gone_states_are_shown_as_what_they_were():
     assert "was ready" not in statusview.render(status, alive=True, now=NOW, width=200)
 
 
-def test_status_shows_the_lengths_by_load_a_vllm_target_runs():
-    t = target("v", "ready", 41, speculation={"method": "ngram", "draft_length": 8},
-               tuning={"phase": "speculating", "tuned_length": 8,
-                       "lengths_by_load": {"1": 8, "2-3": 4, "8+": 0}})
-    detail = statusview.render_target(t, None, now=NOW)
-    assert "speculation  ngram-mod n by load 1:8 2-3:4 8+:off" in detail
-
-
 def test_status_says_when_the_tuner_waits_for_a_drafter_to_warm_up():
-    t = target("m", "ready", 41, tuning={"phase": "speculating", "warming_tokens_left": 340})
+    t = target("m", "ready", 41, tuning={"setting": "n=8", "warming_tokens_left": 340})
     assert ("tuning       the drafter is warming up after its start: judged after 340 more "
             "tokens") in statusview.render_target(t, None, now=NOW)
     t["tuning"]["warming_tokens_left"] = 0

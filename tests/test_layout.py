@@ -15,7 +15,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("supervisor", "plugins")
-MAX_MODULE_LINES = 350
+# shared/STYLE.md: 50-600 lines, one job each; a module is split by meaning, not to fit.
+MAX_MODULE_LINES = 600
 MAX_CLASS_METHODS = 25
 MAX_FUNCTION_LINES = 60
 
@@ -136,13 +137,13 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_module_is_longer_than_350_lines():
+def test_no_module_is_longer_than_600_lines():
     long = {str(p.relative_to(REPO)): n for p in modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}
 
 
-def test_no_benchmark_is_longer_than_350_lines():
+def test_no_benchmark_is_longer_than_600_lines():
     """The benchmarks share their server start (serverproc.py) and keep their pure reports
     apart (load_report.py, tuner_report.py, ...): a saved run can be re-read with them."""
     long = {p.name: n for p in sorted((REPO / "benchmarks").glob("*.py"))

@@ -135,7 +135,7 @@ def test_every_writer_of_the_state_dir_keeps_going_on_a_full_disk_and_catches_up
     events = EventLog(small_fs / "events.jsonl", health)
     filler = fill(small_fs)
 
-    store.save("chat", TunerMemory("cfg", length=7))
+    store.save("chat", TunerMemory("cfg", setting=7))
     children.add("chat", os.getpid())
     digest = records.digest(str(model))
     events.append(Event("chat", "state", "written while the disk was full"))
@@ -145,7 +145,7 @@ def test_every_writer_of_the_state_dir_keeps_going_on_a_full_disk_and_catches_up
     filler.unlink()
     health.retry()
     assert health.problem is None, health.problem
-    assert TuningStore(small_fs / "tuning.json").load("chat", "cfg").length == 7
+    assert TuningStore(small_fs / "tuning.json").load("chat", "cfg").setting == 7
     assert json.loads((small_fs / "children.json").read_text())["chat"]["pid"] == os.getpid()
     assert digest in json.loads((small_fs / "hashes.json").read_text()).values()
     assert "written while the disk was full" in (small_fs / "events.jsonl").read_text()

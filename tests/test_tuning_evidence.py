@@ -3,78 +3,85 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from supervisor.cli import statusview
 from supervisor.plugin.backend import RuntimeInfo
 from supervisor.supervision import labels
 from supervisor.tuning import evidence
 from supervisor.tuning.store import TunerMemory, TuningStore
-from tests.test_autotune import make, sample
-
-PAID = {"speedup": 1.42, "draft_fraction": 1.0, "mean_draft_size": 8.0,
-        "accepted_per_draft": 5.0, "by_load": {"1": 1.5}}
+from tests.test_autotune import CHEAP, Counters, calibrate, make
 
 
-def test_a_decision_applied_is_logged_with_its_reason_and_numbers_then_its_restart_is_timed(
-        tmp_path):
-    tuner, events = make(tmp_path, max_wait=3600)
+def decided(tmp_path):
+    """A tuner that calibrated, served code-like text at n=4 and switched."""
+    tuner, _ = make(tmp_path)
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
-    tuner.observe(sample(10, 7.0, 100, 1.0, busy=1))
-    tuner.observe(sample(50, 7.0, 500, 5.0, busy=1))
-    reason = tuner.observe(sample(51, 7.0, 510, 5.1, busy=0))
-    assert reason is not None
+    calibrate(tuner, CHEAP)
+    c = Counters(CHEAP)
+    assert tuner.observe(c.serve(4, 0.95, 200, busy=0),
+                         proxy_classes={"greedy /completion": 380}) is not None
     tuner.apply_pending()
-    tuner.restarted(3.25, beside=False)
-    tuner.restarted(9.0, beside=False)  # a later start (a crash) is not the decision's cost
+    return tuner
+
+
+def test_a_decision_is_logged_with_its_prediction_then_its_restart_is_timed(tmp_path):
+    tuner = decided(tmp_path)
+    d = tuner.memory.decisions[-1]
+    assert d["old"] == "n=4" and d["new"] == f"n={tuner.draft_length}" and d["restart"] is None
+    assert d["predicted"][d["new"]]["mid"] > 1 and d["switch_cost_s"] == 30.0
+    tuner.restarted(2.5, beside=False)
     kept = TuningStore(tmp_path / "tuning.json").load("t", tuner.memory.fingerprint)
-    [entry] = kept.decisions
-    assert entry["action"] == "baseline" and entry["reason"] == reason
-    assert entry["old_length"] == 8 and entry["speculation"] is False
-    assert entry["restart"] == {"ready_after_s": 3.25, "beside": False, "unserved_s": 3.25}
-    assert events[-1][2]["action"] == "baseline"
+    assert kept.decisions[-1]["restart"] == {"ready_after_s": 2.5, "beside": False,
+                                             "unserved_s": 2.5}
+    assert evidence.cost(kept.decisions[-1]["restart"]) == "restart in place: 2.5 s unserved"
 
 
 def test_a_restart_beside_the_old_server_costs_no_service_and_the_log_keeps_the_last_twenty():
     memory = TunerMemory("f")
     for i in range(25):
-        memory = evidence.logged(memory, f"decision {i}", {"action": "retune", "speedup": 1.1,
-                                                           "note": "not a number"}, float(i))
-    memory = evidence.booked(memory, 4.0, beside=True)
-    assert len(memory.decisions) == evidence.KEPT and memory.decisions[0]["reason"] == "decision 5"
-    assert memory.decisions[-1]["numbers"] == {"speedup": 1.1}
-    assert memory.decisions[-1]["restart"]["unserved_s"] == 0.0
-    assert evidence.booked(memory, 9.0, beside=False) == memory  # booked once
+        memory = evidence.booked(evidence.logged(memory, f"d{i}", {"action": "switch"},
+                                                 float(i)), 1.0, beside=True)
+    assert len(memory.decisions) == 20 and memory.decisions[0]["reason"] == "d5"
+    assert evidence.cost(memory.decisions[-1]["restart"]).endswith("0 s unserved")
 
 
-def test_why_names_every_length_and_variant_measured_against_speculation_off():
-    memory = TunerMemory("f", length=16, baseline_tps=40.0,
-                         measured={"16": PAID, "4": {**PAID, "speedup": 1.1}},
-                         variants={"mod": {"length": 16, "speedup": 1.42},
-                                   "simple": {"length": 48, "speedup": 0.9}})
-    view = evidence.why(memory, length=16, variant="mod", start=8)
-    assert [(p["variant"], p["length"], p["speedup"]) for p in view["measured"]] == [
-        ("mod", 4, 1.1), ("mod", 16, 1.42), ("simple", 48, 0.9)]
-    assert view["running"]["length"] == 16 and view["start"] == 8
-    assert view["baseline"]["tokens_per_second"] == 40.0
-    assert view["summary"].startswith("mod n=16 measured 1.42x speculation off")
-    off = evidence.why(replace(memory, phase="off"), length=16, variant="mod", start=8)
-    assert off["running"]["speculation"] is False and off["summary"].startswith(
-        "speculation is off")
-    assert "no baseline" in evidence.why(TunerMemory("f"), length=8, variant=None,
-                                         start=8)["summary"]
+def test_why_shows_the_cost_each_class_and_every_setting_predicted_with_the_running_marked(
+        tmp_path):
+    tuner = decided(tmp_path)
+    why = evidence.why(tuner.view(), tuner.memory)
+    assert why["cost"] == {"plain_ms": 40.0, "step_ms": 60.0, "per_draft_ms": 4.0,
+                           "per_accepted_ms": 0.0, "calibrated": True}
+    assert [c["name"] for c in why["classes"]] == ["greedy /completion"]
+    running = [p for p in why["predicted"] if p["running"]]
+    assert [p["setting"] for p in running] == [f"n={tuner.draft_length}"]
+    assert {p["setting"] for p in why["predicted"]} >= {"off", "n=1", "n=16"}
+    assert why["summary"].startswith(f"runs n={tuner.draft_length}, predicted ")
+    assert "greedy /completion 100 %" in why["summary"]
+    words = why["decisions"][-1]["expectation"]
+    assert words.startswith("expected +") and "minute(s) of this mix, a restart costs 30 s" \
+        in words
 
 
-def test_status_target_prints_the_same_evidence():
-    memory = evidence.logged(TunerMemory("f", length=16, baseline_tps=40.0, measured={"16": PAID}),
-                             "retune 8 -> 16", {"action": "retune", "speedup": 1.42}, 100.0)
-    view = {"enabled": True, **evidence.why(evidence.booked(memory, 2.0, beside=True),
-                                            length=16, variant="mod", start=8)}
-    text = statusview.render_target({"name": "t", "state": "ready"}, None, view, now=160.0)
-    assert "why this setting: mod n=16 measured 1.42x" in text
-    assert "mod n=16 1.42x (speculation off = 1.00x, 40.0 tok/s)" in text
-    assert "1m00s ago  retune: retune 8 -> 16 [speedup 1.42]; new server ready after 2.0 s" \
-        in text
+def test_before_the_calibration_why_says_what_it_waits_for(tmp_path):
+    tuner, _ = make(tmp_path)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    why = evidence.why(tuner.view(), tuner.memory)
+    assert why["cost"] is None and why["predicted"] == [] and why["decisions"] == []
+    assert why["waiting_for"].startswith("the calibration")
+    assert "length.start" not in why["summary"]
+
+
+def test_status_target_prints_the_same_model(tmp_path):
+    tuner = decided(tmp_path)
+    tuner.restarted(2.0, beside=True)
+    why = {"enabled": True, **evidence.why(tuner.view(), tuner.memory)}
+    now = tuner.memory.decisions[-1]["time"] + 60
+    text = statusview.render_target({"name": "t", "state": "ready"}, None, why, now=now)
+    assert f"why this setting: runs n={tuner.draft_length}, predicted" in text
+    assert "a step costs 40.0 ms plain; drafted 60.0 ms + 4.00 ms a drafted token" in text
+    assert "class        greedy /completion: 100 % of the mix" in text
+    assert f"n={tuner.draft_length} " in text and "(running)" in text
+    assert f"1m00s ago  n=4 -> n={tuner.draft_length}: " in text
+    assert "new server ready after 2.0 s beside the old one" in text
 
 
 def test_labels_name_the_variant_and_length_and_show_nothing_measured_when_not_serving():

@@ -190,6 +190,15 @@ class LlamaCppBackend(Backend):
             secret = frozenset({"LLAMA_API_KEY"})
         return LaunchSpec(tuple(argv), env, secret)
 
+    def synthetic_acceptance(self, spec: LaunchSpec, rate: float,
+                             draft_length: int) -> LaunchSpec | None:
+        # b11434: "benchmarking only", for draft-model types; exactly n-max non-increasing
+        # values, each the share of steps accepted at least up to that position (RUNTIMES.md).
+        if self.target.speculation.method in ("none", "ngram"):
+            return None
+        rates = ",".join([f"{rate:g}"] * draft_length)
+        return dataclasses.replace(spec, argv=(*spec.argv, "--spec-synth-rates", rates))
+
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
         async with http.get(f"{self.base_url}/health") as resp:
             body = await resp.text()

@@ -161,6 +161,10 @@ class VllmBackend(Backend):
         return RuntimeInfo(entry.python, version, features)
 
     def with_lengths_by_load(self, ranges: list[tuple[int, int | None, int]]) -> Backend:
+        """This backend launching with draft lengths by load: (lowest, highest or None,
+        length) ranges of requests running, length 0 = no speculation at that load (vLLM's
+        num_speculative_tokens_per_batch_size, where preflight found it). The tuner runs
+        one length today (docs/tuning.md); the table stays for one that predicts by load."""
         if tuple(ranges) == self.lengths_by_load:
             return self
         copy = type(self)(self.target)

@@ -42,12 +42,13 @@ class ServedTarget(Protocol):
     def unavailable_reason(self) -> str | None:
         """Why it will not serve until someone acts; None while it serves or is coming back."""
 
-    def relaying(self, sampling: str | None = None) -> AbstractAsyncContextManager[str]:
+    def relaying(self) -> AbstractAsyncContextManager[str]:
         """Entered around each proxied request: the target counts and drains them; gives the
-        address to send the request to (it changes when a new server takes over).
-        `sampling`: the request's class by its temperature (tuning/sampling.py)."""
+        address to send the request to (it changes when a new server takes over)."""
 
-    def observe_timings(self, timings: dict[str, Any]) -> None: ...
+    def observe_final(self, final: dict[str, Any], klass: str) -> None:
+        """The object at the end of a response (llama.cpp's `timings`, OpenAI's `usage`),
+        for a request of class `klass` (tuning/acceptance.request_class)."""
 
     def restart(self, reason: str) -> None: ...
 

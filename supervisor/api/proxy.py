@@ -24,7 +24,7 @@ from aiohttp import web
 from supervisor.api.auth import auth_middleware
 from supervisor.api.common import errors_as_json, json_error, named_target, serve
 from supervisor.api.fleetview import FleetView, ServedTarget
-from supervisor.tuning.sampling import sampling_class
+from supervisor.tuning.acceptance import CLASS_HEADER, request_class
 
 # Hop-by-hop and length headers are the proxy's own business, not passed through.
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
@@ -139,8 +139,9 @@ class Proxy:
                     continue
                 return self._failed(target, began, stream, 503, self._unavailable(target))
             try:
-                async with target.relaying(sampling_class(body)) as base_url:
-                    response, final = await self._relay(request, target, raw, base_url)
+                klass = request_class(body, request.path, request.headers.get(CLASS_HEADER))
+                async with target.relaying() as base_url:
+                    response, final = await self._relay(request, target, raw, base_url, klass)
                 self.fleet.record_request(target.name, response.status, began,
                                           time.time() - began, stream, final)
                 return response
@@ -174,9 +175,11 @@ class Proxy:
                 f"within {self.hold:g}s (daemon.proxy.hold)")
 
     async def _relay(self, request: web.Request, target: ServedTarget, raw: bytes,
-                     base_url: str) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+                     base_url: str, klass: str
+                     ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
         """The runtime's response relayed to the client, and the object at its end that
-        says what the request used (None: none, or the response was cut)."""
+        says what the request used (None: none, or the response was cut); what it made is
+        counted for the tuner under the request's class `klass`."""
         assert self._session is not None
         headers = {"Content-Type": "application/json", **target.auth_headers()}
         if accept := request.headers.get("Accept"):
@@ -214,8 +217,8 @@ class Proxy:
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
         final = _final_object(tail)
-        if final is not None and isinstance(final.get("timings"), dict):
-            target.observe_timings(final["timings"])
+        if final is not None:
+            target.observe_final(final, klass)
         return response, final
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 
 from supervisor import __version__
-from supervisor.cli import bench, check, export, pull, run, setup, status, units
+from supervisor.cli import bench, calibrate, check, export, pull, run, setup, status, units
 from supervisor.errors import FleetFileError, SpecfleetError
 
 DESCRIPTION = """\
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specfleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # The order here is the order `specfleet --help` lists the commands in.
-    for command in (check, run, status, pull, bench, export, units, setup):
+    for command in (check, run, status, pull, bench, calibrate, export, units, setup):
         command.register(sub)
     return parser
 

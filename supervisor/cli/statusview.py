@@ -177,17 +177,25 @@ def _why(why: dict[str, Any] | None, now: float) -> list[str]:
     if not why or not why.get("enabled"):
         return []
     lines = ["", f"why this setting: {why.get('summary')}"]
-    baseline = (why.get("baseline") or {}).get("tokens_per_second")
-    points = "  ".join(f"{p['variant'] + ' ' if p.get('variant') else ''}n={p['length']} "
-                       f"{p['speedup']:.2f}x" for p in why.get("measured") or [])
-    lines.append(f"  measured     {points or 'nothing yet'} (speculation off = 1.00x"
-                 + (f", {baseline:.1f} tok/s)" if baseline else ")"))
-    if why.get("start") is not None:
-        lines.append(f"  start        n={why['start']} (the fleet file's length.start)")
+    if why.get("waiting_for"):
+        lines.append(f"  waiting for  {why['waiting_for']}")
+    if cost := why.get("cost"):
+        lines.append(f"  a step costs {cost['plain_ms']:.1f} ms plain; drafted {cost['step_ms']:.1f} ms "
+                     f"+ {cost['per_draft_ms']:.2f} ms a drafted token + "
+                     f"{cost['per_accepted_ms']:.2f} ms an accepted token"
+                     + ("" if cost.get("calibrated") else " (not calibrated)"))
+    for c in why.get("classes") or []:
+        lines.append(f"  class        {c['name']}: {100 * c['share']:.0f} % of the mix, first drafted "
+                     f"token accepted {100 * c['p0']:.0f} %, each next {100 * c['rho']:.0f} % "
+                     f"({c['steps']} drafted steps)")
+    if predicted := why.get("predicted"):
+        lines.append("  predicted    " + "  ".join(
+            f"{p['setting']} {p['mid']:.2f}x" + (" (running)" if p.get("running") else "")
+            for p in predicted) + " (speculation off = 1.00x)")
     for d in why.get("decisions") or []:
-        numbers = ", ".join(f"{k} {v}" for k, v in (d.get("numbers") or {}).items())
-        lines.append(f"  {format_duration(now - d['time'])} ago  {d['action']}: {d['reason']}"
-                     + (f" [{numbers}]" if numbers else "") + f"; {d.get('cost')}")
+        lines.append(f"  {format_duration(now - d['time'])} ago  {d.get('old')} -> {d.get('new')}: "
+                     f"{d['reason']}" + (f"; {d['expectation']}" if d.get("expectation") else "")
+                     + f"; {d.get('cost')}")
     return lines
 
 

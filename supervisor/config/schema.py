@@ -170,24 +170,32 @@ class Tuning(_Strict):
     enabled: bool = Field(default=True, description=(
         "Tune the draft length, and turn speculation off where it does not pay."))
     min_gain: Fraction = Field(default=0.05, description=(
-        "Predicted gain needed before a retune to a new length."))
-    off_margin: Fraction = Field(default=0.03, description=(
-        'How much speculation must beat "off" by to stay on.'))
-    cooldown: Seconds = Field(default=900.0, description=(
-        "Least time between two changes, unless acceptance drifted."))
-    reprobe: Seconds = Field(default=3600.0, description=(
-        "After speculation was turned off, try it again after this long."))
+        "The least share of busy time a switch must be sure to save (the lower bound of its "
+        "predicted gain) before it is made; it must also pay for its restart over the busy "
+        "time the current mix of requests is expected to last."))
     max_wait: Seconds = Field(default=600.0, description=(
-        "How long a retune waits for an idle server before it is applied anyway."))
+        "How long a retune waits for an idle server before it is applied anyway (a restart "
+        "beside the old server does not wait)."))
     min_steps: int = Field(default=200, ge=1, le=10_000_000, description=(
-        "Verification steps of evidence needed for each decision."))
-    min_tokens: int = Field(default=1000, ge=1, le=1_000_000_000, description=(
-        "Tokens served before the baseline without speculation is measured, and the length of "
-        "that measurement."))
+        "Drafted steps of a class of requests below which its acceptance counts as unknown: "
+        "a mix of such classes served without speculation is tried with it once."))
     window_steps: int = Field(default=4000, ge=10, le=10_000_000, description=(
-        "Size of the acceptance window, in verification steps."))
+        "Size of the acceptance window shown by status, in verification steps."))
+    off_margin: Fraction = Field(default=0.03, description=(
+        "Ignored since the tuner predicts from a calibrated cost (docs/tuning.md); accepted so "
+        "that fleet files which set it still load."))
+    cooldown: Seconds = Field(default=900.0, description=(
+        "Ignored since the tuner predicts from a calibrated cost: a switch must pay for its "
+        "restart instead. Accepted so that fleet files which set it still load."))
+    reprobe: Seconds = Field(default=3600.0, description=(
+        "Ignored since the tuner predicts from a calibrated cost: speculation comes back on "
+        "when the mix predicts it pays. Accepted so that fleet files which set it still load."))
+    min_tokens: int = Field(default=1000, ge=1, le=1_000_000_000, description=(
+        "Tokens a drafter that learns across requests (llama.cpp's ngram-mod) serves after "
+        "each start before what it accepts counts: it starts empty and accepts less at first."))
     drift_threshold: float = Field(default=1.5, gt=0, le=1000, description=(
-        "Threshold of the Page-Hinkley drift test on the acceptance rate; lower reacts sooner."))
+        "Ignored since each class's acceptance fades with a half-life instead. Accepted so "
+        "that fleet files which set it still load."))
 
 
 class TargetDefaults(LoadingDefaults):

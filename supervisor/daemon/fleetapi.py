@@ -86,13 +86,10 @@ class FleetApi:
 
     def tuning(self, name: str) -> dict[str, Any]:
         """Why the target runs its setting (tuning/evidence.py); {"enabled": False} untuned."""
-        sup = self.targets.supervisors[name]
-        tuner, target = sup.tuner, sup.target
+        tuner = self.targets.supervisors[name].tuner
         if not tuner.active:
             return {"target": name, "enabled": False}
-        return {"target": name, "enabled": True, **evidence.why(
-            tuner.memory, length=tuner.draft_length, variant=tuner.variant,
-            start=target.speculation.length.start)}
+        return {"target": name, "enabled": True, **evidence.why(tuner.view(), tuner.memory)}
 
     def log_tail(self, name: str, lines: int) -> list[str]:
         """The last `lines` lines of the target's log file (its runtime's output)."""

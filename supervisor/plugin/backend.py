@@ -122,12 +122,6 @@ class Backend:
         moved.node_address, moved.executor = self.node_address, self.executor
         return moved
 
-    def with_lengths_by_load(self, ranges: list[tuple[int, int | None, int]]) -> Backend:
-        """This backend launching with draft lengths by load: (lowest, highest or None,
-        length) ranges of requests running, length 0 = no speculation at that load. Only
-        called where preflight reported LENGTHS_BY_LOAD; others have no such table."""
-        return self
-
     # --- launching ---
 
     @property
@@ -161,6 +155,13 @@ class Backend:
         """The command for this target; `speculation=False` runs it without (tuner baseline/off);
         `placement` is the planner's choice of GPUs (and memory share) when it made one."""
         raise NotImplementedError
+
+    def synthetic_acceptance(self, spec: LaunchSpec, rate: float,
+                             draft_length: int) -> LaunchSpec | None:
+        """`spec` made to accept each drafted token with probability `rate` whatever the
+        text (for the tuner's calibration, tuning/calibration.py), or None where the
+        runtime cannot: then the cost of a drafted step is learnt from serving only."""
+        return None
 
     # --- models: pairing guard, memory estimate, run record ---
 

@@ -40,12 +40,8 @@ def speculation(target: dict[str, Any]) -> str:
     if name == "none":
         return "none"
     tuning = target.get("tuning") or {}
-    if tuning.get("phase") == "baseline":
-        return f"{name}: off, measuring baseline"
     if not spec.get("enabled", True):
         return f"{name}: off (tuner)"
-    if by_load := tuning.get("lengths_by_load"):  # vLLM's table by batch size (docs/tuning.md)
-        return f"{name} n by load " + " ".join(f"{b}:{k or 'off'}" for b, k in by_load.items())
     length = spec.get("draft_length")
     if length is None:  # the runtime's own default, where the backend knows it
         runs = (target.get("shown") or {}).get("draft_length")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,6 +24,7 @@ from supervisor.gpu.placement import Placer
 from supervisor.plugin.backend import Backend, Failure, MetricsSample
 from supervisor.plugin.launching import Launcher, RunningProcess, local_pid
 from supervisor.registry.modelkits import ModelKits
+from supervisor.supervision.calibration import Calibrating
 from supervisor.supervision.commands import (
     Command,
     Next,
@@ -33,7 +36,13 @@ from supervisor.supervision.commands import (
 )
 from supervisor.supervision.crashes import CrashHistory
 from supervisor.supervision.explain import PairingWarnings, explain_exit, explain_hang
-from supervisor.supervision.handover import may_go_beside, record_launch, replace_beside, stop_retiring
+from supervisor.supervision.handover import (
+    may_go_beside,
+    record_launch,
+    replace_beside,
+    room_beside,
+    stop_retiring,
+)
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
 from supervisor.supervision.pulling import pull_kit, pull_or_command
@@ -98,6 +107,7 @@ class TargetSupervisor:
                                     self.requests, lambda: self.started_at)
         self.served = Served(self)
         self.tuner.restart_is_free = lambda: may_go_beside(self)
+        self.calibrating = Calibrating(self._event)  # the tuner's calibration beside
 
     @property
     def name(self) -> str:
@@ -169,6 +179,7 @@ class TargetSupervisor:
                 await self._kill_process()
 
     async def _kill_process(self) -> None:
+        await self.calibrating.stop()
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
             await self.process.wait()
@@ -344,7 +355,11 @@ class TargetSupervisor:
         self.metrics = sample
         try:
             r = self.requests
-            if reason := self.tuner.observe(sample, r.take_peak(), r.take_busy(), r.take_sampling()):
+            if reason := self.tuner.observe(sample, r.take_peak(), r.take_busy(), r.take_classes()):
                 self.send(Command.RETUNE, reason)
+            if self.serving:
+                work = Path(self.log_file).parent if self.log_file else Path(tempfile.gettempdir())
+                self.calibrating.maybe_start(self.target, self.backend, self.tuner, work,
+                                             lambda: room_beside(self))
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")

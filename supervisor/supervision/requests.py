@@ -14,8 +14,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from supervisor.tuning.sampling import GREEDY, SAMPLED
-
 
 class ProxyRequests:
     def __init__(self) -> None:
@@ -39,19 +37,17 @@ class ProxyRequests:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.last_used: float | None = None  # wall clock of the last request's start or end
-        # Requests started since take_sampling(), by sampling class (tuning/sampling.py).
-        self._sampling = {GREEDY: 0, SAMPLED: 0}
+        # Tokens made by the requests that ended since take_classes(), by class
+        # (tuning/acceptance.request_class): which text the counters' last interval was.
+        self._classes: dict[str, float] = {}
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
     @contextlib.asynccontextmanager
-    async def relaying(self, sampling: str | None = None) -> AsyncIterator[int]:
-        """Around one request being relayed to the runtime; gives the route it is on.
-        `sampling`: the request's class (tuning/sampling.sampling_class), if known."""
-        if sampling in self._sampling:
-            self._sampling[sampling] += 1
+    async def relaying(self) -> AsyncIterator[int]:
+        """Around one request being relayed to the runtime; gives the route it is on."""
         self._accrue()
         self._in_flight += 1
         self._idle.clear()
@@ -146,10 +142,9 @@ class ProxyRequests:
         busy, self._busy = self._busy, {}
         return busy
 
-    def take_sampling(self) -> tuple[int, int]:
-        """(greedy, sampled) requests started since the previous call."""
-        taken = (self._sampling[GREEDY], self._sampling[SAMPLED])
-        self._sampling = {GREEDY: 0, SAMPLED: 0}
+    def take_classes(self) -> dict[str, float]:
+        """Tokens made by each class of request that ended since the previous call."""
+        taken, self._classes = self._classes, {}
         return taken
 
     def _accrue(self) -> None:
@@ -170,13 +165,22 @@ class ProxyRequests:
             return False
         return True
 
-    def observe(self, timings: Mapping[str, Any]) -> None:
-        """Per-request draft counts the runtime returned with a completion (llama.cpp's
-        `timings`): the acceptance clients actually got. Shown beside the runtime's
-        counters; the tuner reads the counters."""
-        self.count += 1
-        self.draft_tokens += int(timings.get("draft_n", 0) or 0)
-        self.accepted_tokens += int(timings.get("draft_n_accepted", 0) or 0)
+    def observe(self, final: Mapping[str, Any], klass: str) -> None:
+        """What a completion of class `klass` made, from the object at the end of its
+        response: llama.cpp's `timings` (tokens, and the draft counts clients actually
+        got, shown beside the runtime's counters) or the OpenAI `usage`."""
+        timings = final.get("timings")
+        usage = final.get("usage")
+        tokens = 0
+        if isinstance(timings, Mapping):
+            self.count += 1
+            self.draft_tokens += int(timings.get("draft_n", 0) or 0)
+            self.accepted_tokens += int(timings.get("draft_n_accepted", 0) or 0)
+            tokens = int(timings.get("predicted_n", 0) or 0)
+        elif isinstance(usage, Mapping):
+            tokens = int(usage.get("completion_tokens", 0) or 0)
+        if tokens > 0:
+            self._classes[klass] = self._classes.get(klass, 0.0) + tokens
 
     def view(self) -> dict[str, int]:
         return {"count": self.count, "draft_tokens": self.draft_tokens,

@@ -69,20 +69,19 @@ class Served:
         return self._owner.backend.auth_headers()
 
     @contextlib.asynccontextmanager
-    async def relaying(self, sampling: str | None = None) -> AsyncIterator[str]:
+    async def relaying(self) -> AsyncIterator[str]:
         """Around one proxied request; gives the address to send it to. The address and the
         request's route are read together, with no await between them, so a switch to a
         server started beside the old one (handover.py) cannot fall in between: a request
-        counted on the old route went to the old server. `sampling`: the request's class
-        (tuning/sampling.py), counted for the tuner. Waits first while the owner holds new
-        requests for the old server to drain (requests.hold_new)."""
+        counted on the old route went to the old server. Waits first while the owner holds
+        new requests for the old server to drain (requests.hold_new)."""
         await self._owner.requests.admitted()
         base_url = self.base_url
-        async with self._owner.requests.relaying(sampling):
+        async with self._owner.requests.relaying():
             yield base_url
 
-    def observe_timings(self, timings: dict[str, Any]) -> None:
-        self._owner.requests.observe(timings)
+    def observe_final(self, final: dict[str, Any], klass: str) -> None:
+        self._owner.requests.observe(final, klass)
 
     def restart(self, reason: str) -> None:
         if self._owner.state is State.UNLOADED:

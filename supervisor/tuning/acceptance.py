@@ -16,7 +16,7 @@ whose text changes follows it. Uncertainty: each proportion's standard error, th
 `z` of them away (z = 1.64: a one-sided 95 % bound).
 
 A class is what the proxy can tell of a request before any token: greedy or sampled,
-the endpoint, and a name the client may send (`X-Specfleet-Class`). Pure.
+the endpoint, and a name the client may send (`CLASS_HEADER`). Pure.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ from typing import Any
 
 HALF_LIFE_STEPS = 4000.0
 Z = 1.64
+# At or under this temperature a request is greedy: llama.cpp and vLLM take the most likely
+# token at 0, and 0.05 is as good as greedy for what a draft can predict.
+GREEDY_TEMPERATURE = 0.05
+CLASS_HEADER = "X-Specfleet-Class"
+MAX_NAME = 64  # a class named by a client is cut to this (it becomes a key in tuning.json)
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,16 @@ def class_of(greedy: bool | None, endpoint: str, named: str | None = None) -> st
     """The class a request belongs to: the client's name for it if it gave one, else
     its sampling and endpoint ("greedy /completion", "sampled /v1/chat/completions")."""
     if named:
-        return named
+        return named[:MAX_NAME]
     sampling = "greedy" if greedy else "sampled" if greedy is False else "default"
     return f"{sampling} {endpoint}"
+
+
+def request_class(body: Mapping[str, Any], endpoint: str, named: str | None = None) -> str:
+    """The class of a request the proxy relays (its JSON body, its path, the value of its
+    CLASS_HEADER): greedy at a `temperature` of at most GREEDY_TEMPERATURE, sampled above,
+    "default" without one (the runtime's default, which specfleet does not know)."""
+    t = body.get("temperature")
+    greedy = None if isinstance(t, bool) or not isinstance(t, int | float) \
+        else t <= GREEDY_TEMPERATURE
+    return class_of(greedy, endpoint, named)

@@ -1,10 +1,14 @@
-"""AutoTuner: one target's tuning state, between its metrics and its restarts.
+"""AutoTuner: one target's tuner, between its counters, its requests and its restarts.
 
-It owns the acceptance window, the drift detectors and the tuner memory of one target.
-The owner feeds it every metrics sample (`observe`, which may return the reason for a
-restart), calls `apply_pending` just before that restart (the decision goes into the log
-evidence.py shows) and `restarted` once the new server is ready. A "keep" decision records
-a measurement and restarts nothing.
+The owner feeds it every metrics sample with what the proxy saw meanwhile (`observe`: the
+load, and the tokens each class of request made), which may return the reason for a
+restart; calls `apply_pending` just before that restart and `restarted` once the new
+server is ready. Everything it decides, it decides with the controller
+(tuning/controller.py): the cost of a step from the calibration (`calibrated`, run by the
+owner before the first decision: tuning/calibration.py) refined by serving, each class's
+acceptance, the predicted speedup of every setting for the mix, the one rule. A decision
+waits for an idle server at most `tuning.max_wait` (the restart then interrupts nothing)
+unless the restart costs no service (beside the old server).
 """
 
 from __future__ import annotations
@@ -15,29 +19,27 @@ from dataclasses import replace
 from typing import Any
 
 from supervisor.config.schema import Target
-from supervisor.plugin.backend import LENGTHS_BY_LOAD, Backend, MetricsSample, RuntimeInfo
+from supervisor.plugin.backend import Backend, MetricsSample, RuntimeInfo
 from supervisor.tuning import evidence
-from supervisor.tuning.by_load import judge_table, tabulate
-from supervisor.tuning.decisions import Action, Bounds, Decision, contradicted, plan
-from supervisor.tuning.drift import PageHinkley, either_drifted
-from supervisor.tuning.holding import Hold, hold, weigh
+from supervisor.tuning.controller import Observation, TuningController
+from supervisor.tuning.cost import Interval, StepCost
 from supervisor.tuning.load import LoadWindows
-from supervisor.tuning.mix import batch_ranges, summary
-from supervisor.tuning.numbers import rounded
-from supervisor.tuning.regime_book import RegimeBook
-from supervisor.tuning.regimes import setting_key
-from supervisor.tuning.sampling import SamplingWatch
-from supervisor.tuning.store import SPECULATING, TunerMemory, TuningStore, fingerprint, runtime_key
-from supervisor.tuning.variants import allowed_variants, search
-from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats
+from supervisor.tuning.prediction import OFF
+from supervisor.tuning.rule import KEEP, Decision, describe
+from supervisor.tuning.store import TunerMemory, TuningStore, fingerprint, runtime_key
+from supervisor.tuning.window import AcceptanceWindow, WindowStats
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
-# Decisions that judged the window at the setting in effect (its acceptance describes it).
-EVALUATIONS = frozenset({Action.KEEP, Action.RETUNE, Action.EXPLORE, Action.DISABLE,
-                         Action.VARIANT})
+UNCLASSIFIED = "unclassified"  # tokens of requests that did not pass through the proxy
+# What a restart in place costs before one was timed (a model load of a few GB).
+ASSUMED_RESTART_S = 30.0
+# A restart beside the old server loses no request; it costs the old server the cores the
+# new one loads on (on a CPU) for the time it loads: counted as half of that time.
+BESIDE_SHARE = 0.5
+SAVE_EVERY = 20  # observations between two saves of what was learnt
 
 
-class AutoTuner(RegimeBook):
+class AutoTuner:
     def __init__(self, target: Target, backend: Backend, store: TuningStore | None,
                  emit: EventSink, clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
@@ -47,15 +49,15 @@ class AutoTuner(RegimeBook):
         self.clock = clock
         self.window = AcceptanceWindow(max_steps=target.tuning.window_steps)
         self.by_load = LoadWindows(max_steps=target.tuning.window_steps)
-        self.drift = PageHinkley(threshold=target.tuning.drift_threshold)
-        # A workload where n-gram methods find no match drafts on few steps: its acceptance
-        # may hardly move (few drafts, judged as before), its throughput falls to "off".
-        self.drafting_drift = PageHinkley(threshold=target.tuning.drift_threshold)
-        self.sampling = SamplingWatch()  # the requests' temperature (tuning/sampling.py)
-        self.variants_allowed = allowed_variants(
-            target.speculation.variants, target.speculation.variant, backend.ngram_variants())
         key = fingerprint(target)
         self.memory = store.load(target.name, key) if store else TunerMemory(key)
+        self.controller = TuningController(
+            lengths=self._lengths(), current=self._setting(), min_gain=target.tuning.min_gain,
+            min_steps=target.tuning.min_steps,
+            fills_length=target.speculation.method != "ngram")
+        self.controller.restore(self.memory.learnt)
+        if self.memory.calibration:
+            self.controller.calibrated(StepCost.from_dict(self.memory.calibration["cost"]))
         self.retunes = 0
         # Set by the owner: whether a restart now costs no service (a handover), and the
         # seconds its last start took to become ready (what a restart in place costs).
@@ -63,20 +65,13 @@ class AutoTuner(RegimeBook):
         self.restart_seconds: float | None = None
         # The old server of a handover still computes on these cores: no evidence meanwhile.
         self.sharing_cores = False
-        self._unbooked = False  # a decision applied whose restart has not been timed yet
-        self._workload_since: float | None = None  # the first sample, or the last drift
         self.features: frozenset[str] = frozenset()  # the runtime build's (preflight)
-        self._drifted = False
-        # Acceptance judged at each setting since the last drift: the regime it leaves
-        # (not while a change is building: those windows hold some of the next regime).
-        self._seen: dict[str, float] = {}
-        # The last regime left at a drift of the tokens: when (its `seen`) and after how many
-        # of the sampling watch's requests, to tell whether a later change of the sampling
-        # is the same change seen late.
-        self._left: tuple[float, int] | None = None
+        self.last: Decision | None = None  # the latest decision, a "keep" too
         self._pending: Decision | None = None
         self._pending_since = 0.0
         self._pending_sent = False
+        self._unbooked = False  # a decision applied whose restart has not been timed yet
+        self._unsaved = 0
         self._cold_tokens = 0  # tokens a learning drafter still serves unjudged
 
     @property
@@ -89,121 +84,142 @@ class AutoTuner(RegimeBook):
 
     @property
     def draft_length(self) -> int | None:
-        """The length passed to the runtime: tuned, else configured, else its own default.
-        `length.start` is the configured variant's: another variant starts at the runtime's
-        default for it (mod's n-max and simple's size-m differ: 64 and 48 in llama.cpp)."""
-        tuned = self.memory.length if self.active else None
-        if tuned is not None:
-            return tuned
-        if self.variant != self.target.speculation.variant:
-            return None
-        return self.target.speculation.length.start
+        """The length passed to the runtime: tuned, else configured, else its own default."""
+        tuned = self.memory.setting if self.active else None
+        return tuned if tuned else self.target.speculation.length.start
 
     @property
     def variant(self) -> str | None:
-        """The n-gram variant it runs: tuned (speculation.variants), else configured."""
-        # A variant tuned before the fleet file narrowed `variants` is not run.
-        tuned = self.memory.variant if self.active and \
-            self.memory.variant in self.variants_allowed else None
-        return tuned or self.target.speculation.variant
+        return self.target.speculation.variant
 
     @property
     def lengths_by_load(self) -> dict[str, int]:
-        """The table of lengths by load it runs ({}: one length), where the runtime takes one."""
-        if not (self.active and self.speculation_on and LENGTHS_BY_LOAD in self.features):
-            return {}
-        return self.memory.lengths_by_load
+        """One length for every load: the model predicts per load, the setting is one."""
+        return {}
 
     def launch_backend(self, base: Backend | None = None) -> Backend:
-        """The backend for the variant and lengths by load it runs (configured, when not
-        tuned); `base`: the backend on the port it is to listen on."""
-        backend = (base or self.backend).with_variant(self.variant)
-        table = self.lengths_by_load
-        return backend.with_lengths_by_load(batch_ranges(table)) if table else backend
+        return (base or self.backend).with_variant(self.variant)
 
-    def bounds(self) -> Bounds:
+    def _setting(self) -> int:
+        if self.memory.setting is not None:
+            return self.memory.setting
+        return self.target.speculation.length.start or self.backend.default_length() or 1
+
+    def _lengths(self) -> list[int]:
         length = self.target.speculation.length
-        backend = self.launch_backend()
-        current = self.draft_length or backend.default_length() or 1
-        return Bounds(current, length.min, length.max or backend.length_ceiling(),
-                      backend.tunable_length() is not None)
+        high = length.max or self.backend.length_ceiling()
+        if self.target.speculation.method != "ngram":
+            return list(range(max(1, length.min), high + 1))
+        # n-gram lengths are caps on a match; powers of two are fine enough a grid.
+        out, k = {max(1, length.min), high}, 1
+        while k <= high:
+            if k >= length.min:
+                out.add(k)
+            k *= 2
+        return sorted(out)
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the owner should calibrate before the first decision."""
+        return self.active and self.memory.calibration is None and self._can_calibrate()
+
+    def _can_calibrate(self) -> bool:
+        spec = self.backend.launch_spec(2)
+        return self.backend.synthetic_acceptance(spec, 0.5, 2) is not None
+
+    def calibrated(self, result: Mapping[str, Any]) -> None:
+        """A calibration's result (tuning/calibration.Calibration.to_dict)."""
+        cost = StepCost.from_dict(result["cost"])
+        self.controller.calibrated(cost)
+        self._remember(replace(self.memory, calibration={**result, "time": round(time.time())}))
+        ms = [round(x * 1e3, 1) for x in (cost.plain, cost.step, cost.per_draft)]
+        self.emit("tuning", f"calibrated: a plain step {ms[0]} ms, a drafted step {ms[1]} ms "
+                  f"+ {ms[2]} ms a drafted token", calibration=result)
 
     def _remember(self, memory: TunerMemory) -> None:
         self.memory = memory
         if self.store is not None:
             self.store.save(self.target.name, memory)
 
+    def _learnt(self) -> None:
+        self._remember(replace(self.memory, learnt=self.controller.state()))
+        self._unsaved = 0
+
     def runtime_started(self, info: RuntimeInfo) -> None:
-        """A server (re)started: which model and runtime the baseline is of; a cold drafter?"""
+        """A server (re)started: the files and build a step's cost belongs to."""
         self.by_load.last_read = None  # the time it was down is no load
         self.features = info.features
-        if self.active:
-            self._check_runtime(info)
-        # A drafter that learns across requests starts empty: until it has served min_tokens,
-        # its numbers describe a cold server, not the setting (tuner_phases run 10: ngram-mod
-        # at n-max 25 measured 2.39x just restarted, n-max 16 2.64x on a server up for minutes).
-        self._cold_tokens = (self.target.tuning.min_tokens if self.active
-                             and self.speculation_on and self.launch_backend().drafter_learns()
-                             else 0)
-
-    def _check_runtime(self, info: RuntimeInfo) -> None:
-        if self.memory.baseline_key == (key := runtime_key(self.target, info)):
+        # A drafter that learns across requests starts empty: until it has served
+        # min_tokens, it accepts less than the setting will once warm.
+        self._cold_tokens = self.target.tuning.min_tokens if self.active and \
+            self.speculation_on and self.launch_backend().drafter_learns() else 0
+        if not self.active or self.memory.runtime_key == (key := runtime_key(self.target, info)):
             return
-        if self.memory.baseline_tps is not None:
-            self.emit("tuning", "model file or runtime changed: the baseline will be "
-                      "measured again", old_key=self.memory.baseline_key, new_key=key)
-        # Measure again from scratch: whatever was concluded against the old baseline is void.
-        self._remember(replace(self.memory, phase=SPECULATING, baseline_tps=None,
-                               baseline_by_load={}, baseline_key=key, measured={},
-                               cost_split=None))
+        if self.memory.runtime_key is not None:
+            self.emit("tuning", "model file or runtime changed: the cost of a step will be "
+                      "measured again", old_key=self.memory.runtime_key, new_key=key)
+        self.controller.costs = {}
+        self._remember(replace(self.memory, runtime_key=key, calibration=None,
+                               learnt=self.controller.state()))
 
     def observe(self, sample: MetricsSample, proxy_peak: int = 0,
                 proxy_busy: Mapping[int, float] | None = None,
-                proxy_sampling: tuple[int, int] = (0, 0)) -> str | None:
+                proxy_classes: Mapping[str, float] | None = None) -> str | None:
         """Add a metrics sample (`proxy_peak`: the most requests the proxy had in flight to
         this target since the previous sample; `proxy_busy`: the seconds it had 1, 2, ...
-        in flight meanwhile, by number; `proxy_sampling`: the greedy and the sampled
-        requests it started meanwhile); returns the reason for a restart when one is due
-        now."""
+        in flight meanwhile; `proxy_classes`: the tokens each class of request made
+        meanwhile); returns the reason for a restart when one is due now."""
         now = time.time()
-        if self._workload_since is None:
-            self._workload_since = now
         delta = self.window.observe(sample, now)
         self.by_load.read(now, sample.requests_processing, delta, proxy_peak, proxy_busy or {})
-        if self.sharing_cores:
-            self._warm_up(None)  # dropped as a cold drafter's first tokens are
-        if not self.active or self.sharing_cores:
-            return None
-        sampled = self.sampling.observe(*proxy_sampling)
+        if not self.active or self.sharing_cores or delta is None or delta.tokens <= 0:
+            return self._due(sample)
         if self._cold_tokens > 0:
-            self._warm_up(delta)
-        elif (delta is not None and self.speculation_on and not sampled
-              and (drifted := either_drifted(self.drift, self.drafting_drift,
-                                             delta.acceptance_rate, delta.draft_fraction))):
-            self._workload_changed(now, *drifted, None, acceptance_rate=rounded(
-                delta.acceptance_rate), draft_fraction=rounded(delta.draft_fraction))
-        # Seen in the requests themselves, with speculation on or off (unless the tokens
-        # showed it first: then the regime was left at that drift).
-        if sampled and not self._seen_first_in_tokens(sampled):
-            self._workload_changed(now, "the share of greedy requests", sampled,
-                                   self.sampling.left_share, **self.sampling.view())
-            self._left = None  # left at this change: the next one is another
-            # Sampled more, a draft that did not pay will not start to (run 15 re-probed at
-            # once in prose, at 0.36x): while off, only a recalled workload ends it early.
-            if not self._recall_sampled() and sampled == "down" and not self.speculation_on:
-                self._drifted = False
-        if self._pending is None and self._cold_tokens <= 0:
-            decision = self._decide(now)
-            if decision is not None and decision.action == Action.KEEP:
-                self._remember(decision.memory)  # a measurement, no restart
-            elif decision is not None:
-                self._pending, self._pending_since = decision, self.clock()
-        if self._pending is not None and not self._pending_sent:
-            waited = self.clock() - self._pending_since
-            if sample.requests_processing == 0 or waited >= self.holding().seconds:
-                self._pending_sent = True
-                return self._pending.reason
+            self._cold_tokens -= delta.tokens
+            self.window.clear()
+            self.by_load.clear()
+            return self._due(sample)
+        setting = self.controller.current
+        classes = {c: float(n) for c, n in (proxy_classes or {}).items() if n > 0} \
+            or {UNCLASSIFIED: float(delta.tokens)}
+        self.controller.observe(Observation(
+            Interval(delta.seconds, delta.tokens, delta.drafts, delta.draft_tokens,
+                     delta.accepted, speculating=setting != OFF),
+            setting, max(1, proxy_peak, sample.requests_processing), delta.per_position,
+            classes))
+        self._unsaved += 1
+        if self._unsaved >= SAVE_EVERY:
+            self._learnt()
+        if self._pending is None and not self.needs_calibration:
+            decision = self.controller.decide(self.switch_cost())
+            if decision is not None:
+                self.last = decision
+                if decision.action != KEEP:
+                    self._pending, self._pending_since = decision, self.clock()
+        return self._due(sample)
+
+    def _due(self, sample: MetricsSample) -> str | None:
+        """The pending decision's reason once it may restart the server: idle, beside, or
+        after waiting `max_wait`."""
+        if self._pending is None or self._pending_sent:
+            return None
+        waited = self.clock() - self._pending_since
+        if sample.requests_processing == 0 or self.restart_is_free() or \
+                waited >= self.target.tuning.max_wait:
+            self._pending_sent = True
+            return self._pending.reason
         return None
+
+    def switch_cost(self) -> float:
+        """Busy seconds a restart costs: its time to ready in place, a share of it beside."""
+        ready = self.restart_seconds if self.restart_seconds is not None else ASSUMED_RESTART_S
+        return ready * BESIDE_SHARE if self.restart_is_free() else ready
+
+    def waiting_for(self) -> str | None:
+        if self._pending is None or self._pending_sent:
+            return None
+        return (f"an idle server (at most {self.target.tuning.max_wait:.0f} s): the restart "
+                "would interrupt the requests running")
 
     def restarted(self, seconds: float, beside: bool) -> None:
         """Ready `seconds` after its start (`beside` the old server): a switch's cost."""
@@ -212,103 +228,45 @@ class AutoTuner(RegimeBook):
             self._unbooked = False
             self._remember(evidence.booked(self.memory, seconds, beside))
 
-    def holding(self) -> Hold:
-        """How long the pending decision waits for an idle server (tuning/holding.py)."""
-        gain = self._pending.data.get("predicted_gain") if self._pending else None
-        settings = self.target.tuning
-        return hold(settings.max_wait, self.restart_seconds,
-                    gain if isinstance(gain, int | float) else None, settings.min_gain,
-                    self.restart_is_free())
-
-    def _workload_changed(self, now: float, what: str, direction: str, left_share: float | None,
-                          **data: Any) -> None:
-        self._drifted = True
-        self.emit("tuning", f"{what} drifted {direction} (Page-Hinkley): re-evaluating on new "
-                  "evidence", direction=direction, drifted=what,
-                  window=self.window.stats().to_dict(), **data)
-        self._fresh_evidence()
-        self._leave_regime(now, left_share)
-
-    def _fresh_evidence(self) -> None:
-        """After a change of setting or of workload: the windows and detectors start over."""
-        self.window.clear()
-        self.by_load.clear()
-        self.drift.reset()
-        self.drafting_drift.reset()
-
-    def _warm_up(self, delta: Delta | None) -> None:
-        """A learning drafter's first tokens after a start (its acceptance rises as it
-        learns), or a new server's beside the old one: dropped, not watched for drift."""
-        if delta is not None:
-            self._cold_tokens -= delta.tokens
-        self.window.clear()
-        self.by_load.clear()
-
-    def _decide(self, now: float) -> Decision | None:
-        settings, stats = self.target.tuning, self.window.stats()
-        load = summary(self.by_load.stats(), settings.min_tokens)
-        if self.lengths_by_load and self.memory.phase == SPECULATING:
-            return judge_table(self.memory, stats.drafts, settings, now, self._drifted, load)
-        bounds = self.bounds()
-        said = contradicted(self.memory, stats, load, settings.min_steps, bounds.current,
-                            self._seen.get(setting_key(self.variant, bounds.current)))
-        if said is not None and not self._drifted:  # a drift the throughput shows first
-            self.emit("tuning", said, drifted="throughput", window=stats.to_dict())
-            self._drifted = True
-            self._leave_regime(now)
-        if self._drifted and stats.drafts >= settings.min_steps:
-            self._recall_regime(setting_key(self.variant, bounds.current), stats)
-        decision = plan(self.memory, stats, settings, bounds, now, self._drifted, load)
-        decision = search(decision, self.variant or "", self.variants_allowed, settings, now)
-        if (decision is not None and decision.action in EVALUATIONS and stats.acceptance_rate
-                and not (self.drift.building() or self.drafting_drift.building())):
-            self._seen[setting_key(self.variant, bounds.current)] = stats.acceptance_rate
-        decision = tabulate(decision, LENGTHS_BY_LOAD in self.features, settings, now)
-        return self._weigh(decision, stats, now)
-
-    def _weigh(self, decision: Decision | None, stats: WindowStats, now: float) -> Decision | None:
-        """A new length must pay back its switch (tuning/holding.py)."""
-        tps = stats.tokens_per_second or 0.0
-        warm = (self.target.tuning.min_tokens / tps
-                if tps and self.launch_backend().drafter_learns() else 0.0)
-        # The new setting runs at least `cooldown` (no change comes sooner but at a drift),
-        # so the workload is expected to last at least that long.
-        lasted = max(now - (self._workload_since or now), self.target.tuning.cooldown)
-        return weigh(decision, self.memory, self.bounds().current, self.restart_seconds,
-                     self.restart_is_free(), warm, lasted)
-
     def apply_pending(self) -> None:
         """Make the pending decision the current setting (the caller restarts the server)."""
         decision = self._pending
         if decision is None:
             return
-        old = self.bounds().current
-        self._remember(decision.memory)
+        old = self.controller.current
+        self.controller.switched(decision)
         self.retunes += 1
-        data = {**decision.data, "action": decision.action, "old_length": old,
-                "new_length": self.draft_length, "speculation": self.speculation_on,
-                "variant": self.variant, "waited_s": round(self.clock() - self._pending_since, 1)}
-        self._remember(evidence.logged(self.memory, decision.reason, data, time.time()))
+        data = {**decision.data, "action": decision.action, "old": describe(old),
+                "new": describe(decision.setting), "expected_gain": round(
+                    decision.expected_gain, 3), "speculation": decision.setting != OFF,
+                "waited_s": round(self.clock() - self._pending_since, 1)}
+        memory = replace(self.memory, setting=decision.setting, learnt=self.controller.state())
+        self._remember(evidence.logged(memory, decision.reason, data, time.time()))
         self._unbooked = True  # the restart that follows is this decision's cost
         self.emit("tuning", decision.reason, **data)
-        self._fresh_evidence()
-        self._drifted, self._pending, self._pending_sent = False, None, False
+        self.window.clear()
+        self.by_load.clear()
+        self._pending, self._pending_sent = None, False
 
     def view(self, stats: WindowStats | None = None) -> dict[str, Any]:
         """The tuner's state for status and the API; `stats`: the window's, if the caller
         has computed them already."""
         if not self.active:
             return {"enabled": False}
-        m = self.memory
-        return {"enabled": True, "phase": m.phase, "tuned_length": m.length,
-                "variant": self.variant, "variants_measured": m.variants,
-                "regimes_kept": len(m.regimes),
-                "lengths_by_load": self.lengths_by_load,
-                "baseline_tps": None if m.baseline_tps is None else round(m.baseline_tps, 2),
-                "baseline_by_load": {b: round(t, 2) for b, t in m.baseline_by_load.items()},
+        preds = self.controller.predictions()
+        cost = self.controller.cost("1")
+        return {"enabled": True, "setting": describe(self.controller.current),
+                "tuned_length": self.memory.setting or None,
+                "calibration": self.memory.calibration,
+                "needs_calibration": self.needs_calibration,
+                "cost": cost.to_dict() if cost else None,
+                "classes": {c: a.view() for c, a in self.controller.classes.items()},
+                "mix": {c: round(s, 3) for c, s in self.controller.shares().items()},
+                "predicted": {describe(k): p.to_dict() for k, p in (preds or {}).items()},
+                "remaining_busy_s": round(self.controller.remaining(), 1),
                 "window": (stats or self.window.stats()).to_dict(),
                 "warming_tokens_left": max(0, self._cold_tokens),
                 "pending": self._pending.reason if self._pending else None,
-                "waiting_for": self.holding().why if self._pending and not self._pending_sent
-                else None,
-                "last_decision": m.last_decision}
+                "waiting_for": self.waiting_for(),
+                "last_decision": self.memory.decisions[-1] if self.memory.decisions else None,
+                "checks": self.controller.checks[-5:]}

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.tuning.acceptance import ClassAcceptance
-from supervisor.tuning.cost import CostFit, Interval, StepCost
+from supervisor.tuning.cost import CostFit, Interval, StepCost, fit
+from supervisor.tuning.load import LABELS as BUCKETS
+from supervisor.tuning.load import bucket_of
 from supervisor.tuning.prediction import OFF, Prediction, predict
 from supervisor.tuning.rule import EXPLORE, KEEP, Decision, decide, describe
 
@@ -41,11 +43,6 @@ MAX_HORIZON = 3600.0
 NEW_MIX = 0.6  # the newest tokens' classes this far from the rest's: a new mix
 CHECK_TOKENS = 1500
 MIN_EVIDENCE_STEPS = 60  # drafted steps at a new setting before it is judged again
-BUCKETS = ("1", "2-3", "4-7", "8+")
-
-
-def bucket_of(load: int) -> str:
-    return "1" if load <= 1 else "2-3" if load <= 3 else "4-7" if load <= 7 else "8+"
 
 
 MixEntry = tuple[str, dict[str, float], float]
@@ -81,15 +78,37 @@ class TuningController:
     expected: float | None = None  # the mix's predicted speedup at the last switch
     checks: list[dict[str, Any]] = field(default_factory=list)
 
+    def state(self) -> dict[str, Any]:
+        """What is worth keeping across daemon restarts (the mix is not: it is today's)."""
+        return {"costs": {b: f.to_dict() for b, f in self.costs.items()},
+                "classes": {c: a.to_dict() for c, a in self.classes.items()},
+                "stretch": {c: round(s, 1) for c, s in self.stretch.items()},
+                "explored": sorted(self.explored)}
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Take back `state()`; a part that does not parse is dropped, not fatal."""
+        try:
+            self.costs = {b: CostFit.from_dict(f) for b, f in data.get("costs", {}).items()}
+            self.classes = {c: ClassAcceptance.from_dict(a)
+                            for c, a in data.get("classes", {}).items()}
+            self.stretch = {c: float(s) for c, s in data.get("stretch", {}).items()}
+            self.explored = set(data.get("explored", ()))
+        except (TypeError, ValueError, KeyError, IndexError):
+            self.costs, self.classes, self.stretch, self.explored = {}, {}, {}, set()
+
     def calibrate(self, bucket: str, intervals: Sequence[Interval]) -> StepCost | None:
         """Seed a load bucket's cost with a calibration's cells (their fit is its prior)."""
-        fit = CostFit()
-        for iv in intervals:
-            fit.add(iv, forget=1.0)
-        prior = fit.solve()
-        fit.prior = prior
-        self.costs[bucket] = fit
+        prior = fit(intervals)
+        self.costs[bucket] = CostFit(prior)
         return prior
+
+    def calibrated(self, cost: StepCost) -> None:
+        """A calibration's cost (measured at one load) as the prior of every load bucket;
+        what each bucket served since is kept and rescales it."""
+        for b in BUCKETS:
+            fit_ = self.costs.get(b)
+            self.costs[b] = CostFit(cost) if fit_ is None else CostFit(
+                cost, fit_.xtx, fit_.xty, fit_.steps)
 
     def cost(self, bucket: str) -> StepCost | None:
         """The bucket's cost, else the nearest bucket's with data."""

@@ -86,7 +86,9 @@ class StepCost:
 
 @dataclass
 class CostFit:
-    """Normal equations of the regression above, for one load bucket."""
+    """Normal equations of the regression above, for one load bucket, from what was served;
+    `prior` the calibration's coefficients (tuning/calibration.py), scaled by the one
+    factor that fits what was served best, then refined by the ridge."""
 
     prior: StepCost | None = None
     xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * N for _ in range(N)])
@@ -107,12 +109,21 @@ class CostFit:
         """The least-squares coefficients, pulled towards the prior (or, with none, towards
         the plain step's cost for every drafted part); None before any step was seen."""
         if self.steps <= 0:
-            return None
+            return self.prior
         scale = max(self.xtx[i][i] for i in range(N)) or 1.0
         prior = self.prior.as_list() if self.prior else None
         if prior is None:
             plain = self.xty[0] / self.xtx[0][0] if self.xtx[0][0] > 0 else 0.0
             prior = [plain, plain, plain / 2, 0.0]
+        else:
+            # The calibration's shape at the speed the machine has now: the one factor
+            # that best explains what was served (a calibration run beside a busy server,
+            # or a machine that got busier, is off by a factor, not in shape).
+            px = [sum(self.xtx[i][j] * prior[j] for j in range(N)) for i in range(N)]
+            norm = sum(prior[i] * px[i] for i in range(N))
+            if norm > 0:
+                factor = sum(prior[i] * self.xty[i] for i in range(N)) / norm
+                prior = [factor * p for p in prior]
         # Each term pulled in proportion to its own evidence (as if the terms were scaled
         # alike); a term never seen is held at the prior by a floor.
         lam = [max(RIDGE * self.xtx[i][i], 1e-9 * scale) for i in range(N)]

@@ -1,12 +1,13 @@
-"""Why the tuner runs what it runs: its decision log and the evidence behind the setting.
+"""Why the tuner runs what it runs, in words and labelled numbers.
 
-The tuner memory (store.py) already keeps what was measured: the speedup over speculation
-off at each draft length tried in the current workload, what each n-gram variant reached,
-the baseline. What it did not keep is the decisions themselves with what each restart
-cost; `logged` adds a decision as it is applied and `booked` the restart's measured time
-once the new server is ready. `why` puts both into one plain view, the one that
-`GET /v1/targets/{name}/tuning`, `specfleet status --target` and the status page's "Why
-this setting" chart show. Pure: memory in, memory or dict out.
+`logged` adds a decision to the memory as it is applied (with the prediction it was made
+on), `booked` the restart's measured time once the new server is ready. `why` puts the
+model into one view: the cost of a step (calibrated, refined), each class's acceptance,
+the predicted speedup of every setting for the current mix with the running one marked,
+what a pending decision waits for, and each decision as "expected +N % for about M
+minutes of this mix, a restart costs S s". `GET /v1/targets/{name}/tuning`, `specfleet
+status --target` and the status page's "Why this setting" show it. Pure: memory and
+numbers in, dict out.
 """
 
 from __future__ import annotations
@@ -14,21 +15,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from supervisor.tuning.store import SPECULATING, TunerMemory
+from supervisor.tuning.store import TunerMemory
 
 KEPT = 20  # decisions kept per target (tuning.json stays small)
-# Numbers of a decision's data worth showing beside its reason (the rest is in the event).
-SHOWN = ("speedup", "measured_speedup", "predicted_speedup", "predicted_gain",
-         "acceptance_rate", "baseline_tps", "switch_cost_s", "pays_back_after_s", "waited_s")
 
 
 def logged(memory: TunerMemory, reason: str, data: dict[str, Any], now: float) -> TunerMemory:
     """The memory with a decision just applied at the end of its log."""
     entry = {"time": round(now, 3), "action": str(data.get("action", "")), "reason": reason,
-             "old_length": data.get("old_length"), "new_length": data.get("new_length"),
-             "speculation": bool(data.get("speculation", True)), "variant": data.get("variant"),
-             "numbers": {k: data[k] for k in SHOWN if isinstance(data.get(k), int | float)},
-             "restart": None}
+             "old": data.get("old"), "new": data.get("new"),
+             "speculation": bool(data.get("speculation", True)),
+             "expected_gain": data.get("expected_gain"),
+             "remaining_busy_s": data.get("remaining_busy_s"),
+             "switch_cost_s": data.get("switch_cost_s"), "mix": data.get("mix"),
+             "predicted": data.get("predicted"), "restart": None}
     return replace(memory, decisions=[*memory.decisions, entry][-KEPT:])
 
 
@@ -53,53 +53,66 @@ def cost(restart: dict[str, Any] | None) -> str:
     return f"restart in place: {restart['unserved_s']:.1f} s unserved"
 
 
-def _running(memory: TunerMemory, length: int | None, variant: str | None) -> dict[str, Any]:
-    if memory.phase != SPECULATING:
-        return {"speculation": False, "phase": memory.phase, "length": None,
-                "variant": variant}
-    return {"speculation": True, "phase": memory.phase, "length": length, "variant": variant,
-            "lengths_by_load": dict(memory.lengths_by_load)}
+def expectation(d: dict[str, Any]) -> str:
+    """A decision's expectation in words: "expected +12 % for about 40 minutes of this mix,
+    a restart costs 8 s"."""
+    gain = d.get("expected_gain")
+    minutes = (d.get("remaining_busy_s") or 0) / 60
+    switch = d.get("switch_cost_s")
+    if not isinstance(gain, int | float):
+        return ""
+    what = "trying it to learn this mix's acceptance" if d.get("action") == "explore" else \
+        f"expected {'+' if gain >= 0 else ''}{100 * gain:.0f} % of busy time saved"
+    return (f"{what} for about {max(1, round(minutes))} minute(s) of this mix" +
+            (f", a restart costs {switch:.0f} s" if isinstance(switch, int | float) else ""))
 
 
-def _points(memory: TunerMemory, variant: str | None) -> list[dict[str, Any]]:
-    """Every measured speedup over speculation off: by length in the current workload (the
-    running variant's), and each other variant at its best length."""
-    points = [{"length": int(k), "variant": variant, "speedup": round(m["speedup"], 3),
-               "by_load": {b: round(x, 3) for b, x in (m.get("by_load") or {}).items()},
-               "accepted_per_draft": round(m.get("accepted_per_draft", 0.0), 3)}
-              for k, m in sorted(memory.measured.items(), key=lambda kv: int(kv[0]))]
-    points += [{"length": r.get("length"), "variant": v, "speedup": round(r["speedup"], 3),
-                "by_load": {}, "accepted_per_draft": None}
-               for v, r in sorted(memory.variants.items())
-               if v != variant and isinstance(r.get("speedup"), int | float)]
-    return points
+def why(view: dict[str, Any], memory: TunerMemory) -> dict[str, Any]:
+    """The model behind the running setting; `view`: the tuner's (AutoTuner.view)."""
+    cost_view = view.get("cost")
+    predicted = [{"setting": name, **{k: p[k] for k in ("low", "mid", "high")},
+                  "running": name == view.get("setting")}
+                 for name, p in (view.get("predicted") or {}).items()]
+    mix = view.get("mix") or {}
+    classes = [{"name": name, "share": mix.get(name, 0.0), **acc}
+               for name, acc in sorted((view.get("classes") or {}).items(),
+                                       key=lambda kv: -mix.get(kv[0], 0.0))]
+    return {"running": {"setting": view.get("setting"), "speculation": view.get("setting") != "off"},
+            "summary": summary(view),
+            "waiting_for": view.get("waiting_for") or waiting(view),
+            "cost": None if cost_view is None else {
+                "plain_ms": round(cost_view["plain"] * 1e3, 2),
+                "step_ms": round(cost_view["step"] * 1e3, 2),
+                "per_draft_ms": round(cost_view["per_draft"] * 1e3, 2),
+                "per_accepted_ms": round(cost_view["per_accepted"] * 1e3, 2),
+                "calibrated": bool(view.get("calibration"))},
+            "classes": classes, "predicted": predicted,
+            "decisions": [{**d, "cost": cost(d.get("restart")), "expectation": expectation(d)}
+                          for d in memory.decisions],
+            "checks": view.get("checks") or []}
 
 
-def why(memory: TunerMemory, *, length: int | None, variant: str | None,
-        start: int | None) -> dict[str, Any]:
-    """The evidence behind the running setting (`length`, `variant`: what the tuner passes
-    to the runtime; `start`: the fleet file's `length.start`)."""
-    return {"running": _running(memory, length, variant), "start": start,
-            "baseline": {"tokens_per_second": memory.baseline_tps,
-                         "by_load": dict(memory.baseline_by_load)},
-            "measured": _points(memory, variant),
-            "decisions": [{**d, "cost": cost(d.get("restart"))} for d in memory.decisions],
-            "summary": summary(memory, length, variant)}
+def waiting(view: dict[str, Any]) -> str | None:
+    """What the tuner waits for before it can decide, in words; None when it can."""
+    if view.get("needs_calibration"):
+        return "the calibration: what a step costs on this machine, measured beside the server"
+    if not view.get("predicted"):
+        return "traffic: no request has been served since the daemon started"
+    return None
 
 
-def summary(memory: TunerMemory, length: int | None, variant: str | None) -> str:
-    """One sentence: the setting and the measurement it rests on."""
-    last = memory.decisions[-1]["reason"] if memory.decisions else None
-    if memory.phase != SPECULATING:
-        what = "speculation is off" if memory.phase == "off" else \
-            "speculation is off while the baseline is measured"
-        return f"{what}" + (f": {last}" if last else "")
-    if memory.baseline_tps is None:
-        return "no baseline measured yet: nothing to compare the setting with"
-    here = memory.measured.get(str(length)) if length is not None else None
-    name = f"{variant} " if variant else ""
-    if here is None:
-        return f"{name}n={length}: not measured yet in this workload" + (
-            f" ({last})" if last else "")
-    return (f"{name}n={length} measured {here['speedup']:.2f}x speculation off "
-            f"({len(memory.measured)} length(s) measured in this workload)")
+def summary(view: dict[str, Any]) -> str:
+    """One sentence: the running setting and the prediction it rests on."""
+    running = view.get("setting")
+    preds = view.get("predicted") or {}
+    if not preds:
+        return f"runs {running}; " + (waiting(view) or "nothing predicted yet")
+    here = preds.get(running, {}).get("mid")
+    best = max(preds.items(), key=lambda kv: kv[1]["mid"])
+    mix = ", ".join(f"{c} {100 * s:.0f} %" for c, s in sorted(
+        (view.get("mix") or {}).items(), key=lambda kv: -kv[1]))
+    text = f"runs {running}, predicted {here:.2f}x speculation off for this mix ({mix})" \
+        if isinstance(here, int | float) else f"runs {running}"
+    if best[0] != running:
+        text += f"; {best[0]} is predicted {best[1]['mid']:.2f}x"
+    return text

@@ -11,9 +11,9 @@ from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json
 from supervisor.config.schema import Target
 from supervisor.models.identity import file_identity
 from supervisor.plugin.values import RuntimeInfo
-from supervisor.tuning.speedup import Measurement
 
-SPECULATING, BASELINE, OFF = "speculating", "baseline", "off"
+# `setting`: OFF is speculation off, a positive number a draft length, None the configured.
+OFF = 0
 
 
 @dataclass(frozen=True)
@@ -21,50 +21,21 @@ class TunerMemory:
     """What the tuner keeps for a target across restarts of the daemon."""
 
     fingerprint: str = ""  # the configuration these values belong to
-    length: int | None = None  # tuned draft length; None = the configured start
-    phase: str = SPECULATING  # speculating | baseline (measuring without) | off
-    baseline_tps: float | None = None
-    baseline_key: str | None = None  # model file and runtime build the baseline belongs to
-    # Server throughput without speculation per load bucket (tuning/mix.py), same key.
-    baseline_by_load: dict[str, float] = field(default_factory=dict)
-    last_change: float | None = None  # wall clock of the last applied decision
-    last_decision: dict[str, Any] | None = None
-    # Speedups measured at each length in the current workload regime (JSON keys: str).
-    measured: dict[str, dict[str, float]] = field(default_factory=dict)
-    # The window measured with speculation just before the baseline run, judged as soon
-    # as the baseline is known (saves a restart when speculation turns out not to pay).
-    before_baseline: dict[str, Any] | None = None
-    # The n-gram variant the tuner runs (None: the configured one), and what each variant it
-    # tried measured at its tuned length: {variant: {"length": n, "speedup": x}}.
-    variant: str | None = None
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Draft length per load bucket, run as one table where the runtime takes one
-    # (tuning/by_load.py); {}: one length for every load.
-    lengths_by_load: dict[str, int] = field(default_factory=dict)
-    # Tables that were run and measured slower than one length (not proposed again until a
-    # drift clears the measurements).
-    rejected_tables: list[dict[str, int]] = field(default_factory=list)
-    # Workload regimes seen before a drift, with what was measured in them, for the day
-    # the workload comes back (tuning/regimes.py).
-    regimes: list[dict[str, Any]] = field(default_factory=list)
-    # Times in a row speculation was turned off (reset when it pays): the re-probe backs off.
-    disables: int = 0
-    # A drafted step's cost split into fixed and per-token parts [a, b], last fitted on two
-    # draft sizes: the runtime's and the machine's, kept across regimes and variants and
-    # used where a regime has one length measured (tuning/speedup.fit_cost).
-    cost_split: list[float] | None = None
-    # The decisions applied, newest last, with what each restart cost (evidence.py).
+    # Model files and runtime build the cost belongs to (a new build or file: measured anew).
+    runtime_key: str | None = None
+    setting: int | None = None
+    # The calibration's result (tuning/calibration.py): {"cost", "lengths", "time"}.
+    calibration: dict[str, Any] | None = None
+    # What the controller learnt (tuning/controller.py `state`): cost fits by load, each
+    # class's acceptance, how long each class's stretches last, classes explored.
+    learnt: dict[str, Any] = field(default_factory=dict)
+    # The decisions applied, newest last, each with its prediction and what its restart
+    # cost (tuning/evidence.py).
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def speculation(self) -> bool:
-        return self.phase == SPECULATING
-
-    def prior(self) -> tuple[float, float] | None:
-        return (self.cost_split[0], self.cost_split[1]) if self.cost_split else None
-
-    def measurements(self) -> dict[int, Measurement]:
-        return {int(k): Measurement(**v) for k, v in self.measured.items()}
+        return self.setting != OFF
 
 
 class TuningStore:
@@ -78,7 +49,8 @@ class TuningStore:
         self._unsaved: dict[str, dict[str, Any]] = {}
 
     def load(self, name: str, fingerprint: str) -> TunerMemory:
-        """The target's memory, or a fresh one if none is kept or its configuration changed."""
+        """The target's memory, or a fresh one if none is kept or its configuration changed
+        (a file written by an older specfleet, whose tuner kept other things, is one)."""
         raw = self._unsaved.get(name) or read_state(self.path, self.report).get(name)
         if not isinstance(raw, dict):
             return TunerMemory(fingerprint)
@@ -87,11 +59,9 @@ class TuningStore:
         except TypeError:
             return TunerMemory(fingerprint)
         if memory.fingerprint != fingerprint:
-            # Different method, draft or model: tuned lengths do not carry over; a
-            # baseline of the same model and runtime does (baseline_key guards it).
-            return TunerMemory(fingerprint, baseline_tps=memory.baseline_tps,
-                               baseline_key=memory.baseline_key,
-                               baseline_by_load=memory.baseline_by_load)
+            # Another method, draft or model: nothing learnt carries over but the plain
+            # step's cost of the same files and build, which the calibration holds.
+            return TunerMemory(fingerprint)
         return memory
 
     def save(self, name: str, memory: TunerMemory) -> None:
@@ -106,19 +76,30 @@ class TuningStore:
 
 
 def fingerprint(target: Target) -> str:
-    """The configuration a tuned length belongs to."""
+    """The configuration what is learnt belongs to."""
     spec = target.speculation
     return f"{target.backend}|{target.model}|{spec.method}|{spec.variant}|{spec.draft}"
 
 
 def runtime_key(target: Target, info: RuntimeInfo) -> str:
-    """Identity of the model file and the runtime build (file identities, not a hash: cheap).
+    """Identity of the model files and the runtime build (file identities, not a hash:
+    cheap), and the threads the runtime is given: what a step's cost belongs to.
 
-    A stable string: the tuning store keeps it as `baseline_key`. A path that is not a
-    file (a model name the runtime resolves itself) stands for itself.
+    A path that is not a file (a model name the runtime resolves itself) stands for itself.
     """
     parts = [info.version]
-    for path in (target.model, info.binary):
-        identity = file_identity(path)
+    for path in (target.model, target.speculation.draft or "", info.binary):
+        identity = file_identity(path) if path else None
         parts.append(str(identity) if identity else path)
+    parts.append(" ".join(_threads(target.args)) + f" gpus={target.gpus}")
     return "|".join(parts)
+
+
+def _threads(args: tuple[str, ...]) -> list[str]:
+    """The runtime arguments that change a step's cost: threads and GPU offload."""
+    out, it = [], iter(args)
+    for arg in it:
+        if arg.split("=")[0] in ("-t", "--threads", "-ngl", "--gpu-layers", "--n-gpu-layers",
+                                 "-tb", "--threads-batch"):
+            out.append(arg if "=" in arg else f"{arg}={next(it, '')}")
+    return out

@@ -150,64 +150,102 @@ const views = {
   },
 };
 
-// --- why this setting: the tuner's evidence (GET /v1/targets/{name}/tuning) ---
+// --- why this setting: the tuner's model (GET /v1/targets/{name}/tuning, docs/tuning.md) ---
 
 function whyView(why) {
   if (!why || !why.enabled) return el("p", { class: "empty", id: "why" }, "Not tuned: no speculation, or tuning is off for this target.");
   const decisions = (why.decisions || []).slice().reverse().map((x) => [{ class: "decision", "data-action": x.action }, [
-    el("td", {}, fmt.date(x.time)), el("td", {}, x.action), el("td", {}, x.reason),
-    el("td", { class: "muted" }, Object.entries(x.numbers || {}).map(([k, v]) => `${k} ${v}`).join(", ")),
-    el("td", {}, x.cost)]]);
-  const baseline = (why.baseline || {}).tokens_per_second;
+    el("td", {}, fmt.date(x.time)), el("td", {}, `${x.old} → ${x.new}`), el("td", {}, x.reason),
+    el("td", {}, x.expectation || "–"), el("td", {}, x.cost)]]);
+  const classes = (why.classes || []).map((c) => [{ class: "class" }, [
+    el("td", {}, c.name), el("td", { class: "num" }, `${Math.round(100 * c.share)} %`),
+    el("td", { class: "num", title: `between ${pct(c.p0_low)} and ${pct(c.p0_high)}` }, pct(c.p0)),
+    el("td", { class: "num", title: `between ${pct(c.rho_low)} and ${pct(c.rho_high)}` }, pct(c.rho)),
+    el("td", { class: "num" }, fmt.num(c.steps, 0))]]);
   return el("div", { class: "why", id: "why" },
-    el("p", { class: "summary", id: "why-summary" }, why.summary,
-      baseline ? el("span", { class: "muted" }, ` Speculation off: ${fmt.num(baseline, 1)} tok/s.`) : ""),
+    el("p", { class: "summary", id: "why-summary" }, why.summary),
+    why.waiting_for ? el("p", { class: "muted", id: "why-waiting" }, `Waiting for ${why.waiting_for}.`) : "",
     el("div", { class: "why-grid" },
-      el("div", { class: "chart why-chart" }, el("h4", {}, "Speedup over speculation off, by setting measured"), speedupChart(why)),
-      decisions.length ? table({ id: "decisions", class: "cards" }, ["When", "Decision", "Reason", "Numbers", "What the restart cost"], decisions)
-        : el("p", { class: "empty", id: "decisions" }, "No decision yet.")));
+      el("div", { class: "chart why-chart" }, el("h4", {}, "Predicted speedup over speculation off, for the current mix"), speedupChart(why)),
+      el("div", { class: "chart why-cost", id: "why-cost" }, el("h4", {}, "What a step costs on this machine"), costView(why.cost))),
+    el("h4", {}, "What each class of request accepts"),
+    classes.length ? table({ id: "why-classes", class: "cards" }, ["Class", "Share of the mix", "First drafted token accepted",
+      "Each next one, after an accepted one", "Drafted steps measured"], classes)
+      : el("p", { class: "empty", id: "why-classes" }, "No drafted step measured yet."),
+    el("h4", {}, "Decisions"),
+    decisions.length ? table({ id: "decisions", class: "cards" }, ["When", "Setting", "Why", "Expected", "What the restart cost"], decisions)
+      : el("p", { class: "empty", id: "decisions" }, "No decision yet."));
 }
 
-// One bar per setting measured, the running one filled, the fleet file's start marked, the
-// line of speculation off at 1.0×. SVG with a viewBox: it fills its card at any width.
-function speedupChart(why) {
-  const points = why.measured || [];
-  if (!points.length) return el("p", { class: "empty" }, "No data yet.");
+const pct = (v) => (typeof v === "number" ? `${Math.round(100 * v)} %` : "–");
+
+function svgMaker() {
   const NS = "http://www.w3.org/2000/svg";
-  const svg = (tag, attrs, text) => {
+  return (tag, attrs, text) => {
     const n = document.createElementNS(NS, tag);
     for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
     if (text !== undefined) n.textContent = text;
     return n;
   };
-  const W = 600, H = 240, L = 48, B = 40, T = 12;
-  const top = Math.max(1.2, ...points.map((p) => p.speedup)) * 1.1;
+}
+
+// One bar per setting (its predicted speedup, the range its acceptance allows as a whisker),
+// the running one filled and named, speculation off at 1.0×. A narrow viewBox, so that its
+// text stays readable when a phone shrinks the chart to the screen.
+function speedupChart(why) {
+  const points = why.predicted || [];
+  if (!points.length) return el("p", { class: "empty" }, "Nothing predicted yet.");
+  const svg = svgMaker();
+  const W = 420, H = 240, L = 40, B = 44, T = 12;
+  const top = Math.max(1.2, ...points.map((p) => p.high)) * 1.08;
   const y = (v) => T + (H - T - B) * (1 - v / top);
-  const slot = Math.min((W - L - 8) / points.length, 110);
-  const x0 = L + (W - L - 8 - slot * points.length) / 2;  // few bars: centred, not stretched
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "speedup", role: "img", "aria-label": "speedup by setting" });
+  const slot = Math.min((W - L - 8) / points.length, 90);
+  const x0 = L + (W - L - 8 - slot * points.length) / 2;
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "speedup", role: "img", "aria-label": "predicted speedup by setting" });
   for (const v of [0, 0.5, 1, 1.5, 2, 2.5, 3, 4].filter((v) => v < top)) {
     root.append(svg("line", { x1: L, x2: W - 8, y1: y(v), y2: y(v), class: "grid" }),
-      svg("text", { x: L - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, `${v}×`));
+      svg("text", { x: L - 4, y: y(v) + 5, class: "tick", "text-anchor": "end" }, `${v}×`));
   }
-  const running = why.running || {};
   points.forEach((p, i) => {
-    const isRunning = running.speculation && p.length === running.length && (p.variant || null) === (running.variant || null);
-    const x = x0 + i * slot + slot * 0.15;
-    const bar = svg("rect", { x, y: y(p.speedup), width: slot * 0.7, height: y(0) - y(p.speedup),
-      class: "bar" + (isRunning ? " running" : ""), "data-length": p.length, "data-speedup": p.speedup });
-    bar.append(svg("title", {}, `${p.variant ? p.variant + " " : ""}n=${p.length}: ${p.speedup}× speculation off` +
-      Object.entries(p.by_load || {}).map(([b, v]) => `\n  at ${b} running: ${v}×`).join("")));
-    const label = `${p.variant && p.variant !== running.variant ? p.variant + " " : ""}n=${p.length}`;
-    root.append(bar, svg("text", { x: x + slot * 0.35, y: y(p.speedup) - 4, class: "value", "text-anchor": "middle" }, `${p.speedup.toFixed(2)}×`),
-      svg("text", { x: x + slot * 0.35, y: H - B + 16, class: "tick", "text-anchor": "middle" }, label));
-    const notes = [isRunning ? "running" : "",
-      p.length === why.start && (p.variant || null) === (running.variant || null) ? "start" : ""].filter(Boolean);
-    if (notes.length) root.append(svg("text", { x: x + slot * 0.35, y: H - B + 32, class: "note", "text-anchor": "middle" }, notes.join(", ")));
+    const x = x0 + i * slot + slot * 0.15, mid = x + slot * 0.35;
+    const bar = svg("rect", { x, y: y(p.mid), width: slot * 0.7, height: y(0) - y(p.mid),
+      class: "bar" + (p.running ? " running" : ""), "data-setting": p.setting, "data-speedup": p.mid });
+    bar.append(svg("title", {}, `${p.setting}: predicted ${p.mid}× speculation off (between ${p.low}× and ${p.high}×)`));
+    root.append(bar, svg("line", { x1: mid, x2: mid, y1: y(p.low), y2: y(p.high), class: "range" }),
+      svg("text", { x: mid, y: y(p.high) - 4, class: "value", "text-anchor": "middle" }, `${p.mid.toFixed(2)}×`),
+      svg("text", { x: mid, y: H - B + 18, class: "tick", "text-anchor": "middle" }, p.setting));
+    if (p.running) root.append(svg("text", { x: mid, y: H - B + 36, class: "note", "text-anchor": "middle" }, "running"));
   });
-  root.append(svg("line", { x1: L, x2: W - 8, y1: y(1), y2: y(1), class: "off" }),
-    svg("text", { x: W - 10, y: y(1) - 4, class: "off-label", "text-anchor": "end" }, "speculation off = 1.0×"));
+  root.append(svg("line", { x1: L, x2: W - 8, y1: y(1), y2: y(1), class: "off" }));
   return root;
+}
+
+// The cost in words and a small chart: a drafted step in plain steps by draft length, with
+// none and with all of its draft accepted.
+function costView(cost) {
+  if (!cost) return el("p", { class: "empty" }, "Not measured yet: the calibration runs beside the server before the first decision.");
+  const svg = svgMaker();
+  const W = 420, H = 200, L = 40, B = 36, T = 10, K = 16;
+  const steps = (k, accepted) => (cost.step_ms + cost.per_draft_ms * k + cost.per_accepted_ms * accepted) / cost.plain_ms;
+  const top = Math.max(2, steps(K, K)) * 1.1;
+  const x = (k) => L + (W - L - 10) * (k - 1) / (K - 1);
+  const y = (v) => T + (H - T - B) * (1 - v / top);
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "speedup cost", role: "img", "aria-label": "cost of a drafted step by draft length" });
+  for (const v of [0, 1, 2, 5, 10, 15, 20, 30].filter((v) => v < top)) {
+    root.append(svg("line", { x1: L, x2: W - 10, y1: y(v), y2: y(v), class: "grid" }),
+      svg("text", { x: L - 4, y: y(v) + 5, class: "tick", "text-anchor": "end" }, `${v}`));
+  }
+  for (const k of [1, 4, 8, 12, 16]) root.append(svg("text", { x: x(k), y: H - B + 18, class: "tick", "text-anchor": "middle" }, `n=${k}`));
+  const line = (f, cls) => svg("polyline", { class: cls, fill: "none",
+    points: Array.from({ length: K }, (_, i) => `${x(i + 1)},${y(f(i + 1))}`).join(" ") });
+  root.append(line((k) => steps(k, 0), "cost-none"), line((k) => steps(k, k), "cost-all"),
+    svg("text", { x: W - 12, y: y(steps(K, K)) - 6, class: "tick", "text-anchor": "end" }, "all accepted"),
+    svg("text", { x: W - 12, y: y(steps(K, 0)) + 16, class: "tick", "text-anchor": "end" }, "none accepted"));
+  return el("div", {},
+    el("p", { id: "why-cost-words" }, `A plain step ${fmt.num(cost.plain_ms, 1)} ms; a drafted step ${fmt.num(cost.step_ms, 1)} ms ` +
+      `+ ${fmt.num(cost.per_draft_ms, 2)} ms per drafted token + ${fmt.num(cost.per_accepted_ms, 2)} ms per accepted token ` +
+      (cost.calibrated ? "(calibrated, refined by serving)." : "(learnt from serving only: not calibrated).")),
+    el("p", { class: "muted" }, "A drafted step, in plain steps, by draft length:"), root);
 }
 
 // A decision's numbers in a line: its scalar values and those of its evidence (the

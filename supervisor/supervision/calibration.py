@@ -1,0 +1,203 @@
+"""Calibration: what a step costs on this machine, measured at a known acceptance.
+
+A drafted step's cost depends on its draft size and on how much of it was accepted, not
+on the text; the text only decides how often each happens. So the cost is measured apart
+from any text: the target's runtime is started on a free port (beside a running fleet;
+nothing is routed to it) without speculation, then at two draft lengths far apart with
+the runtime's synthetic acceptance (llama.cpp's `--spec-synth-rates`: each step accepts
+all of its draft with probability `RATE`, none of it otherwise). Every completion is one
+interval (the counters of /metrics before and after it); completions accept different
+amounts by chance, so the intervals tell a step's fixed part, its drafted tokens and its
+accepted tokens apart (tuning/cost.py). The output of a synthetic server is not valid
+text: it is never served to anyone.
+
+Used by `specfleet calibrate` and by the daemon before the tuner's first decision
+(`Calibrating`): once the target serves and its tuner needs a calibration, the owner starts
+one beside the server, where memory holds a second copy (handover.room_beside, the test a
+restart beside makes). A calibration that cannot run (no room, a runtime without synthetic
+acceptance) is said once in an event; one that fails is tried again after `RETRY_S`. On a
+CPU the calibration shares the cores with the serving server: both are slower meanwhile,
+by about the same factor for every step of the calibration, which the cost fit's scale
+factor absorbs (tuning/cost.py). I/O: starts processes, each stopped with its process
+group when it ends, fails or the owner stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from supervisor.config.schema import Target
+from supervisor.errors import SpecfleetError
+from supervisor.launcher.process import ProcessLauncher
+from supervisor.plugin.backend import Backend, LaunchSpec
+from supervisor.supervision.probes import until_ready
+from supervisor.tuning.autotuner import AutoTuner
+from supervisor.tuning.cost import Interval, StepCost, fit
+
+RATE = 0.5
+RETRY_S = 3600.0
+PROMPT = ("def parse_line(line):\n    key, _, value = line.partition('=')\n    return "
+          "key.strip(), value.strip()\n\n# The same function, copied:\n")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    cost: StepCost
+    intervals: tuple[Interval, ...]
+    lengths: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cost": self.cost.to_dict(), "lengths": list(self.lengths),
+                "intervals": len(self.intervals)}
+
+
+def lengths_for(low: int, high: int) -> tuple[int, int]:
+    """Two draft lengths far apart within the target's bounds (2 and 16 by default)."""
+    return max(2, low), max(max(2, low) + 2, min(high, 16))
+
+
+class Calibrator:
+    def __init__(self, target: Target, backend_cls: type[Backend], work: Path,
+                 progress: Callable[[str], None] = lambda _: None,
+                 completions: int = 6, tokens: int = 64) -> None:
+        # A free port: a running fleet on the target's own port is not disturbed.
+        self.target = target.model_copy(update={"port": _free_port(), "host": "127.0.0.1"})
+        self.backend = backend_cls(self.target)
+        self.work = work
+        self.progress = progress
+        self.completions = completions
+        self.tokens = tokens
+
+    def supported(self, length: int) -> bool:
+        spec = self.backend.launch_spec(length)
+        return self.backend.synthetic_acceptance(spec, RATE, length) is not None
+
+    async def run(self, lengths: tuple[int, int]) -> Calibration:
+        """Off, then each length with synthetic acceptance; the fitted cost."""
+        if not self.supported(lengths[0]):
+            raise SpecfleetError(f"{self.target.backend} cannot force a known acceptance for "
+                                 f"speculation method {self.target.speculation.method!r}: "
+                                 "the cost is learnt from serving only")
+        intervals: list[Interval] = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            plain = self.backend.launch_spec(None, speculation=False)
+            self.progress("calibrating: the target without speculation")
+            intervals += await self._cells(http, "off", plain)
+            for k in lengths:
+                spec = self.backend.synthetic_acceptance(self.backend.launch_spec(k), RATE, k)
+                assert spec is not None
+                self.progress(f"calibrating: draft length {k}, synthetic acceptance {RATE:g}")
+                intervals += await self._cells(http, f"n{k}", spec)
+        cost = fit(intervals)
+        if cost is None or cost.plain <= 0:
+            raise SpecfleetError("calibration measured no step: the runtime reported no "
+                                 "generated tokens in its counters")
+        return Calibration(cost, tuple(intervals), lengths)
+
+    async def _cells(self, http: aiohttp.ClientSession, name: str,
+                     spec: LaunchSpec) -> list[Interval]:
+        out = []
+        async with self._server(http, name, spec):
+            before = await self.backend.read_metrics(http)
+            if before is None:
+                raise SpecfleetError(f"{self.target.backend} exposes no counters to calibrate "
+                                     "from")
+            for _ in range(self.completions):
+                await self.backend.generate(http, PROMPT, self.tokens,
+                                            {"temperature": 0.0, "ignore_eos": True})
+                after = await self.backend.read_metrics(http)
+                assert after is not None
+                out.append(Interval(
+                    after.tokens_predicted_seconds - before.tokens_predicted_seconds,
+                    after.tokens_predicted - before.tokens_predicted,
+                    after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
+                    after.accepted_tokens - before.accepted_tokens,
+                    speculating=name != "off"))
+                before = after
+        return out
+
+    @contextlib.asynccontextmanager
+    async def _server(self, http: aiohttp.ClientSession, name: str,
+                      spec: LaunchSpec) -> AsyncIterator[None]:
+        with tempfile.TemporaryDirectory() as state:
+            launcher = ProcessLauncher(self.work, Path(state))
+            proc = await launcher.start(f"calibrate-{self.target.name}-{name}", spec)
+            try:
+                why = await until_ready(lambda: self.backend.probe(http), self.target.health,
+                                        lambda: proc.returncode, poll=0.25)
+                if why is not None:
+                    raise SpecfleetError(f"the calibration server {why}; its output:\n"
+                                         f"{proc.output_tail()}")
+                # The first decode after a load pays page faults no later step pays.
+                await self.backend.generate(http, "Hello", 8, {"temperature": 0.0})
+                yield
+            finally:
+                await proc.stop(self.target.restart.stop_grace)
+
+
+class Calibrating:
+    def __init__(self, emit: Callable[..., None], clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.emit = emit
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._not_before = 0.0
+        self._refused = False
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def maybe_start(self, target: Target, backend: Backend, tuner: AutoTuner, work: Path,
+                    room: Callable[[], Awaitable[tuple[bool, str]]]) -> None:
+        """Start a calibration if the tuner needs one and none runs or failed lately."""
+        if not tuner.needs_calibration or self.running or self._refused \
+                or self.clock() < self._not_before:
+            return
+        self._task = asyncio.create_task(self._run(target, type(backend), tuner, work, room),
+                                         name=f"calibrate:{target.name}")
+
+    async def _run(self, target: Target, backend_cls: type[Backend], tuner: AutoTuner,
+                   work: Path, room: Callable[[], Awaitable[tuple[bool, str]]]) -> None:
+        fits, why = await room()
+        if not fits:
+            self._refused = True
+            self.emit("tuning", f"not calibrating beside the server: {why}; run `specfleet "
+                      "calibrate` while the target is stopped, or it stays uncalibrated and "
+                      "the cost is learnt from serving only")
+            return
+        length = target.speculation.length
+        lengths = lengths_for(length.min, length.max or backend_cls(target).length_ceiling())
+        self.emit("tuning", f"calibrating beside the server: draft lengths {lengths[0]} and "
+                  f"{lengths[1]} at a synthetic acceptance ({why})")
+        try:
+            result = await Calibrator(target, backend_cls, work).run(lengths)
+        except SpecfleetError as exc:
+            self._not_before = self.clock() + RETRY_S
+            self.emit("tuning", f"calibration failed, tried again in {RETRY_S / 60:.0f} "
+                      f"minutes: {exc}")
+            return
+        tuner.calibrated(result.to_dict())
+
+    async def stop(self) -> None:
+        """Stop a calibration under way (its server is stopped with its process group)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
