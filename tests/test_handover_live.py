@@ -82,27 +82,35 @@ def replace_steps(daemon) -> list[str]:
 
 def test_a_retune_under_steady_proxy_traffic_fails_no_request(
         tmp_path, model, llama_server_bin, start_daemon):
-    target = llama_target(model, llama_server_bin, tuning=dict(FAST_TUNING), speculation={
-        "method": "ngram", "variant": "simple", "length": {"start": 4, "min": 2, "max": 16}})
+    # min_gain 0: any length the model prefers to 4 is a retune.
+    target = llama_target(model, llama_server_bin, tuning={**FAST_TUNING, "min_gain": "0%"},
+                          speculation={"method": "ngram", "variant": "simple",
+                                       "length": {"start": 4, "min": 2, "max": 16}})
     fleet = write_fleet(tmp_path, {"t": target})
     daemon = start_daemon(fleet)
     first = daemon.wait_state("t", "ready")
     with Traffic(proxy_of(fleet)) as traffic:
         # max_wait 1 h and a busy server: only a restart that costs no service is applied
-        # now. The first decision is the baseline measurement (speculation off).
+        # now. n-gram drafts cannot be calibrated: the first decision comes from what
+        # serving shows (another length, or speculation off).
         wait_for(lambda: "retired" in replace_steps(daemon), 300, "a retune beside the old server")
         served_before = traffic.count()
         wait_for(lambda: traffic.count() >= served_before + 4, 120, "requests on the new server")
     assert traffic.failed() == [], traffic.failed()[:3]
-    tuning = [e for e in daemon.events("t") if e["kind"] == "tuning" and e["data"].get("action")]
-    assert tuning and tuning[0]["data"]["action"] == "baseline"
+    tuning = [e for e in daemon.events("t") if e["kind"] == "tuning" and e["data"].get("new")]
+    assert tuning and tuning[0]["data"]["old"] == "n=4" and tuning[0]["data"]["new"] != "n=4"
     assert replace_steps(daemon)[:3] == ["beside", "switched", "retired"]
     # The target never left `ready` (nor went through stopping or starting again).
     assert ("ready", "stopping") not in daemon.transitions("t")
     now = daemon.target("t")
     assert now["pid"] != first["pid"] and not psutil.pid_exists(first["pid"])
     assert now["endpoint"] != first["endpoint"]  # the runtime moved to another port
-    assert "--spec-type" not in psutil.Process(now["pid"]).cmdline()  # the baseline runs
+    cmd = psutil.Process(now["pid"]).cmdline()  # the new setting runs
+    new = tuning[0]["data"]["new"]
+    if new == "off":
+        assert "--spec-type" not in cmd
+    else:
+        assert cmd[cmd.index("--spec-ngram-simple-size-m") + 1] == new[2:]
     assert now["restarts_by_reason"]["retune"] >= 1
 
 

@@ -80,7 +80,7 @@ def test_the_mix_speedup_is_the_token_weighted_harmonic_mean_of_its_classes():
     good = ClassAcceptance().observe(8, 5000, geometric(0.95, 0.95, 8, 5000), 5000, 40_000)
     bad = ClassAcceptance().observe(8, 5000, geometric(0.2, 0.3, 8, 5000), 5000, 40_000)
     a, b = class_speedup(TRUE, good, 8), class_speedup(TRUE, bad, 8)
-    got = predict([(TRUE, good, 3.0), (TRUE, bad, 1.0)], [OFF, 8])
+    got = predict([(TRUE, good, 0.0, 3.0), (TRUE, bad, 0.0, 1.0)], [OFF, 8])
     assert got[8].mid == pytest.approx(1 / (0.75 / a + 0.25 / b))
     assert got[OFF].mid == 1.0
 

@@ -101,8 +101,11 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     fast = {"metrics_interval": "0.5s", "interval": "0.5s", "timeout": "2s", "failures": 4,
             "start_timeout": "60s"}
     fleet = write_fleet(tmp_path, {
-        "coder": llama_target(model, llama_server_bin, speculation={"method": "ngram"},
-                              tuning=dict(FAST_TUNING), health=fast),
+        # Short n-gram drafts on repeated code, min_gain 0: the model soon prefers another
+        # setting (a longer draft, or off), so there is a decision to show.
+        "coder": llama_target(model, llama_server_bin, speculation={
+            "method": "ngram", "length": {"start": 4, "min": 2, "max": 64}},
+            tuning={**FAST_TUNING, "min_gain": "0%"}, health=fast),
         "chat": llama_target(model, llama_server_bin, health=fast)},
         api_token={"file": str(tmp_path / "token")})
     api = "http://" + yaml.safe_load(fleet.read_text())["daemon"]["api"]
@@ -153,10 +156,9 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     page.locator(f'tr[data-target="chat"] td.pid:text-is("{new_pid}")').wait_for(timeout=10_000)
 
     # Traffic: a request through the proxy (the activity list) and enough to the runtime for
-    # tuning decisions (marks on the target's charts) and a measured speedup (the "why").
+    # tuning decisions (marks on the target's charts) and the model's predictions (the "why").
     assert proxy_completion(fleet, "coder")["choices"][0]["text"]
-    drive(daemon, "coder", lambda: (w := api_json(api, "/v1/targets/coder/tuning"))["measured"]
-          and w["decisions"], CODE)
+    drive(daemon, "coder", lambda: api_json(api, "/v1/targets/coder/tuning")["decisions"], CODE)
     decision = tuning_events(daemon, "coder")[0]
     wait_for(lambda: daemon.target("coder").get("state") == "ready", 60, "coder back")
 
@@ -172,17 +174,23 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
     assert int(chart.get_attribute("data-points") or 0) > 0
     tuning = page.locator('#marks tr[data-kind="tuning"]')
     assert tuning.count() >= 1 and decision["reason"] in tuning.last.inner_text()
-    # Why this setting: every speedup measured as a bar, the running one marked, each
-    # decision with its reason and what its restart cost (the API's numbers, as they are).
+    # Why this setting: every setting's predicted speedup as a bar, the running one marked,
+    # the cost of a step, each class's acceptance, each decision with its reason, what it
+    # expected and what its restart cost (the API's numbers, as they are).
     why = api_json(api, "/v1/targets/coder/tuning")
+    page.locator("#why rect.bar").first.wait_for(timeout=10_000)
     bars = page.locator("#why rect.bar")
-    assert bars.count() == len(why["measured"]) >= 1
-    assert sorted(float(b.get_attribute("data-speedup")) for b in bars.all()) == \
-        sorted(p["speedup"] for p in why["measured"])
+    shown = {b.get_attribute("data-setting"): float(b.get_attribute("data-speedup") or 0)
+             for b in bars.all()}
+    assert set(shown) == {p["setting"] for p in why["predicted"]} and "off" in shown
+    running = [p["setting"] for p in why["predicted"] if p["running"]]
+    assert page.locator("#why rect.bar.running").get_attribute("data-setting") == running[0]
     assert page.locator("#why-summary").inner_text().startswith(why["summary"])
+    assert "A plain step" in page.locator("#why-cost").inner_text()
+    assert page.locator("#why-classes tr.class").count() == len(why["classes"]) >= 1
     first = page.locator("#decisions tr.decision").last  # newest first: the first decision
     assert decision["reason"] in first.inner_text() and why["decisions"][0]["cost"] in \
-        first.inner_text()
+        first.inner_text() and why["decisions"][0]["expectation"] in first.inner_text()
     # Units on the axes; a chart with nothing to show says so.
     assert page.locator('.chart[data-series="acceptance_rate"] h4').inner_text() == \
         "Acceptance (%)"
@@ -242,6 +250,10 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
                 .filter((c) => c.querySelector('canvas'))
                 .map((c) => [c.clientWidth, c.querySelector('canvas').getBoundingClientRect().width])""")
             assert widths and all(card - 16 - 2 <= canvas <= card for card, canvas in widths), widths
+            # The why charts' text is read on the phone too (it once rendered at 6 px).
+            sizes = phone.evaluate("""() => [...document.querySelectorAll('#why svg text')]
+                .map((t) => t.getBoundingClientRect().height)""")
+            assert sizes and min(sizes) >= 9, sizes
         if view == "#/daemon":
             facts = phone.locator("#daemon").inner_text()
             assert str(fleet) in facts and not re.search(r"\b\d{10}\.\d+\b", facts), facts

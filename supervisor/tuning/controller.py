@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from supervisor.tuning.acceptance import ClassAcceptance
@@ -36,6 +36,7 @@ from supervisor.tuning.prediction import OFF, Prediction, predict
 from supervisor.tuning.rule import EXPLORE, KEEP, Decision, decide, describe
 
 PURE = 0.8
+RESIDUAL_HALF_LIFE = 5000.0  # tokens
 MIX_TOKENS = 2400.0  # the mix: about the last twelve answers of 192 tokens
 CHANGE_TOKENS = 600.0  # the newest tokens compared with the rest for a change of mix
 MIN_HORIZON = 120.0  # busy seconds a new mix is expected to last at least
@@ -73,6 +74,8 @@ class TuningController:
     lasted: float = 0.0  # busy seconds since this mix began
     stretch: dict[str, float] = field(default_factory=dict)
     explored: set[str] = field(default_factory=set)
+    # Each class's seconds beyond what the step costs explain, and its tokens (fading).
+    residuals: dict[str, tuple[float, float]] = field(default_factory=dict)
     since_switch: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("tokens", "seconds", "off_seconds", "drafted"), 0.0))
     expected: float | None = None  # the mix's predicted speedup at the last switch
@@ -83,6 +86,8 @@ class TuningController:
         return {"costs": {b: f.to_dict() for b, f in self.costs.items()},
                 "classes": {c: a.to_dict() for c, a in self.classes.items()},
                 "stretch": {c: round(s, 1) for c, s in self.stretch.items()},
+                "residuals": {c: [round(s, 4), round(t, 1)] for c, (s, t) in
+                              self.residuals.items()},
                 "explored": sorted(self.explored)}
 
     def restore(self, data: Mapping[str, Any]) -> None:
@@ -93,8 +98,11 @@ class TuningController:
                             for c, a in data.get("classes", {}).items()}
             self.stretch = {c: float(s) for c, s in data.get("stretch", {}).items()}
             self.explored = set(data.get("explored", ()))
+            self.residuals = {c: (float(s), float(t))
+                              for c, (s, t) in data.get("residuals", {}).items()}
         except (TypeError, ValueError, KeyError, IndexError):
             self.costs, self.classes, self.stretch, self.explored = {}, {}, {}, set()
+            self.residuals = {}
 
     def calibrate(self, bucket: str, intervals: Sequence[Interval]) -> StepCost | None:
         """Seed a load bucket's cost with a calibration's cells (their fit is its prior)."""
@@ -108,7 +116,7 @@ class TuningController:
         for b in BUCKETS:
             fit_ = self.costs.get(b)
             self.costs[b] = CostFit(cost) if fit_ is None else CostFit(
-                cost, fit_.xtx, fit_.xty, fit_.steps)
+                cost, fit_.xtx, fit_.xty, fit_.steps, fit_.seconds)
 
     def cost(self, bucket: str) -> StepCost | None:
         """The bucket's cost, else the nearest bucket's with data."""
@@ -121,12 +129,19 @@ class TuningController:
     def observe(self, obs: Observation) -> None:
         iv = obs.interval
         bucket = bucket_of(obs.load)
-        self.costs.setdefault(bucket, CostFit(self.cost(bucket))).add(iv)
         total = sum(obs.class_tokens.values())
-        if total <= 0:
+        main = max(obs.class_tokens, key=lambda c: obs.class_tokens[c]) if total > 0 else None
+        pure = main is not None and obs.class_tokens[main] >= PURE * total
+        if pure and (cost := self.cost(bucket)) is not None and cost.plain > 0:
+            self._residual(main, iv, cost)
+        # The step costs are the cheapest class's: what the others add per token is theirs.
+        extra = sum(self.overhead(c) * n / total for c, n in obs.class_tokens.items()) \
+            if total > 0 else 0.0
+        self.costs.setdefault(bucket, CostFit(self.cost(bucket))).add(
+            replace(iv, seconds=max(iv.seconds * 0.05, iv.seconds - extra * iv.tokens)))
+        if main is None:
             return
-        main = max(obs.class_tokens, key=lambda c: obs.class_tokens[c])
-        if obs.setting != OFF and obs.class_tokens[main] >= PURE * total:
+        if obs.setting != OFF and pure:
             acc = self.classes.get(main, ClassAcceptance())
             self.classes[main] = acc.observe(obs.setting, iv.drafted_steps, obs.per_position,
                                              iv.tokens - iv.accepted_tokens, iv.draft_tokens)
@@ -137,8 +152,24 @@ class TuningController:
         s["seconds"] += iv.seconds
         s["drafted"] += iv.drafted_steps
         if (cost := self.cost(bucket)) is not None:  # what these tokens would take off
-            s["off_seconds"] += cost.plain * iv.tokens
+            s["off_seconds"] += (cost.plain + extra) * iv.tokens
         self._check()
+
+    def _residual(self, cls: str, iv: Interval, cost: StepCost) -> None:
+        """What this class's tokens cost beyond the steps (its sampling), fading."""
+        steps = cost.plain * iv.plain_steps + iv.drafted_steps * cost.step + \
+            cost.per_draft * iv.draft_tokens + cost.per_accepted * iv.accepted_tokens
+        seconds, tokens = self.residuals.get(cls, (0.0, 0.0))
+        fade = 0.5 ** (iv.tokens / RESIDUAL_HALF_LIFE)
+        self.residuals[cls] = (seconds * fade + iv.seconds - steps, tokens * fade + iv.tokens)
+
+    def overhead(self, cls: str) -> float:
+        """A class's own seconds per token over the cheapest class's (0 for that one and for
+        a class not seen in an interval of its own)."""
+        rates = {c: s / t for c, (s, t) in self.residuals.items() if t > 0}
+        if cls not in rates:
+            return 0.0
+        return max(0.0, rates[cls] - min(rates.values()))
 
     def shares(self, intervals: Sequence[MixEntry] | None = None) -> dict[str, float]:
         by_class: dict[str, float] = {}
@@ -206,7 +237,8 @@ class TuningController:
             cost = self.cost(bucket)
             if cost is None:
                 return None
-            terms += [(cost, self.classes.get(c, ClassAcceptance()), n) for c, n in tokens.items()]
+            terms += [(cost, self.classes.get(c, ClassAcceptance()), self.overhead(c), n)
+                      for c, n in tokens.items()]
         if not terms:
             return None
         return predict(terms, [OFF, *self.lengths], self.fills_length)

@@ -93,7 +93,8 @@ class CostFit:
     prior: StepCost | None = None
     xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * N for _ in range(N)])
     xty: list[float] = field(default_factory=lambda: [0.0] * N)
-    steps: float = 0.0  # plain-step equivalents seen (for "is it calibrated?")
+    steps: float = 0.0  # steps seen, plain and drafted
+    seconds: float = 0.0  # and the seconds they took
 
     def add(self, interval: Interval, forget: float = FORGET) -> None:
         if interval.seconds <= 0 or interval.tokens <= 0:
@@ -104,6 +105,7 @@ class CostFit:
             for j in range(N):
                 self.xtx[i][j] = self.xtx[i][j] * forget + x[i] * x[j]
         self.steps = self.steps * forget + interval.plain_steps + interval.drafted_steps
+        self.seconds = self.seconds * forget + interval.seconds
 
     def solve(self) -> StepCost | None:
         """The least-squares coefficients, pulled towards the prior (or, with none, towards
@@ -113,7 +115,9 @@ class CostFit:
         scale = max(self.xtx[i][i] for i in range(N)) or 1.0
         prior = self.prior.as_list() if self.prior else None
         if prior is None:
-            plain = self.xty[0] / self.xtx[0][0] if self.xtx[0][0] > 0 else 0.0
+            # No calibration: a plain step at what a step took on average, a drafted one
+            # as dear plus half a step per drafted token (a guess the data then corrects).
+            plain = self.seconds / self.steps
             prior = [plain, plain, plain / 2, 0.0]
         else:
             # The calibration's shape at the speed the machine has now: the one factor
@@ -134,14 +138,14 @@ class CostFit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"prior": self.prior.to_dict() if self.prior else None, "xtx": self.xtx,
-                "xty": self.xty, "steps": self.steps}
+                "xty": self.xty, "steps": self.steps, "seconds": self.seconds}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostFit:
         prior = data.get("prior")
         return cls(StepCost.from_dict(prior) if prior else None,
                    [list(map(float, r)) for r in data["xtx"]], list(map(float, data["xty"])),
-                   float(data.get("steps", 0.0)))
+                   float(data.get("steps", 0.0)), float(data.get("seconds", 0.0)))
 
 
 def fit(intervals: Sequence[Interval], prior: StepCost | None = None) -> StepCost | None:

@@ -7,14 +7,19 @@ the load (tuning/cost.py):
 
     tokens per step   = 1 + p · E(k)
     seconds per step  = (1 - p) · t_plain + p · (t_step + t_draft · d + t_accept · E(k))
-    speedup(k)        = tokens per step · t_plain / seconds per step
+                        + o · tokens per step
+    speedup(k)        = tokens per step · (t_plain + o) / seconds per step
+
+where o is the class's own seconds per token made at any setting (its sampling: a
+repetition penalty over a large vocabulary costs the same per token drafted or not), so a
+class whose tokens cost more for other reasons gains less from fewer steps.
 
 Off is speedup 1 by definition: its step time is the cost profile's, so "off" needs no
-restart to be known. The mix: each class at each load weighted by the tokens it made lately (their busy
-time at off, whatever setting ran), the speedup of the mix is the weighted harmonic mean
-(the time the same tokens take).
-The bounds come from the acceptance's bounds (the cost is the machine's, measured on
-thousands of steps; its error is checked against measurement instead, docs/tuning.md).
+restart to be known. The mix: each class at each load weighted by the busy time its recent
+tokens take at off (tokens × (t_plain + o), whatever setting ran); the speedup of the mix
+is the weighted harmonic mean, the time the same tokens take. The bounds come from the
+acceptance's bounds (the cost is the machine's, measured on thousands of steps; its error
+is checked against measurement instead, docs/tuning.md).
 Pure.
 """
 
@@ -41,22 +46,25 @@ class Prediction:
 
 
 def class_speedup(cost: StepCost, acc: ClassAcceptance, k: int, z: float = 0.0,
-                  fills_length: bool = True) -> float:
-    """Speedup over off of one class at length k (`z`: its acceptance's bound)."""
+                  fills_length: bool = True, overhead: float = 0.0) -> float:
+    """Speedup over off of one class at length k (`z`: its acceptance's bound; `overhead`:
+    the class's own seconds per token made, such as its sampling, paid at any setting)."""
     if k == OFF or cost.plain <= 0:
         return 1.0
     p = acc.drafting.bound(z) if not fills_length else 1.0
     draft = k if fills_length else k * acc.draft_fill.mean
     e = acc.accepted(k, z)
-    seconds = (1 - p) * cost.plain + p * cost.drafted(draft, e)
-    return (1 + p * e) * cost.plain / seconds
+    tokens = 1 + p * e
+    seconds = (1 - p) * cost.plain + p * cost.drafted(draft, e) + overhead * tokens
+    return tokens * (cost.plain + overhead) / seconds
 
 
-def predict(terms: list[tuple[StepCost, ClassAcceptance, float]], settings: list[int],
+def predict(terms: list[tuple[StepCost, ClassAcceptance, float, float]], settings: list[int],
             fills_length: bool = True) -> dict[int, Prediction]:
     """Every setting's predicted speedup for a mix: `terms` are (the step costs of a load,
-    a class's acceptance, the tokens that class made at that load lately)."""
-    total = sum(w for _, _, w in terms)
+    a class's acceptance, its overhead per token, the tokens that class made at that load
+    lately)."""
+    total = sum(w for *_, w in terms)
     out: dict[int, Prediction] = {}
     for k in settings:
         values = []
@@ -64,9 +72,11 @@ def predict(terms: list[tuple[StepCost, ClassAcceptance, float]], settings: list
             if k == OFF or total <= 0:
                 values.append(1.0)
                 continue
-            # Tokens at off take busy time in proportion to them; at k, that over the speedup.
-            slow = sum(w / total / class_speedup(cost, acc, k, z, fills_length)
-                       for cost, acc, w in terms)
+            # Weighted by time at off: the tokens times what each costs off.
+            off = sum(w * (cost.plain + extra) for cost, _, extra, w in terms) or 1.0
+            slow = sum(w * (cost.plain + extra) / off
+                       / class_speedup(cost, acc, k, z, fills_length, extra)
+                       for cost, acc, extra, w in terms)
             values.append(1.0 / slow)
         out[k] = Prediction(k, *values)
     return out
