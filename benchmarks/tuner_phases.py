@@ -1,43 +1,37 @@
-"""Benchmark: does the tuner beat fixed settings when the workload drifts?
+"""Benchmark: does the tuner beat fixed settings when the workload drifts, live?
 
-A phased workload (repetitive code, free prose at temperature 0.8, code again; for the pair
-also code with 4 concurrent clients) is served under several strategies, all in one
-`specfleet run` daemon on the real llama-server, one target per strategy:
+A phased workload (repetitive code at temperature 0, free prose at 0.8, code again, prose
+again: classes that come back) is served under several strategies, all in one `specfleet
+run` daemon on the real llama-server, one target per strategy:
 
-  defaults   the runtime's own defaults for the method (no length flag)
-  rule       an operator's script: start at 16, double while acceptance (per chunk of 8
-             requests) is above 70 %, halve below 40 %, by fleet-file edit and SIGHUP
-  tuned      specfleet's tuner; in the ngram-mod case with `variants: [mod, simple]`
-  fixed-X    one fixed setting each (lengths, ngram-simple size-m 16 and 48, off): the
-             sweep; the best of them per phase is the oracle.
+  tuned      specfleet's tuner (it calibrates beside its server first, where it can)
+  fixed-X    one fixed setting each (off and the lengths that can be best): the sweep;
+             the best of them per phase is the oracle, the best over the whole run the
+             best fixed setting in hindsight
+  twin-X     the sweep's longest setting again: the same flags twice show the noise
+  defaults   the runtime's own defaults; rule: an operator's script (start at 16, double
+             while acceptance per chunk of 8 requests is above 70 %, halve below 40 %, by
+             fleet-file edit and SIGHUP); both left out unless `--without ''`
 
 Interleaved, not one strategy after another: the client sends request i of a phase to
-every target in turn (the order rotating each round) before request i+1. Measured one
-after another, the same setting on the same prompts differed by up to 40 % between rows
-minutes apart on this 2-core machine (run 5: ngram-mod n-max 64 at 73.5 and at 102
-tokens/s), more than the differences the benchmark is about; interleaved, every strategy
-sees the same machine at the same moments. Every request is a new text (Workload.prompt;
-runs 1-13 cycled three). `defaults` and `fixed-64`, the same flags, show the noise.
+every target in turn (the order rotating each round) before request i+1, so every strategy
+sees the same machine at the same moments (measured one after another, the same setting
+differed by up to 40 % between rows minutes apart on this 2-core machine). Every request
+is a new text (Workload.prompt).
 
-Requests go through specfleet's proxy (the path a router uses): a restart for a retune or
-a reload drains the request in flight, and requests wait while a target restarts. Each
-strategy is charged the wall time of its own requests plus the time its target was not
-ready (from the daemon's state events) outside those requests: what a lone client of that
-target would have waited. Restarts are paid in full even though the other targets' turns
-hide them from the clock. The tuner's wall-clock constants (cool-down, re-probe) are
-scaled by the number of interleaved targets, so that per request of its own it meets them
-as often as a target served alone would (COOLDOWN_S, REPROBE_S below).
+Requests go through specfleet's proxy (the path a router uses): a restart drains the
+request in flight, and requests wait while a target restarts. Each strategy is charged the
+wall time of its own requests plus the time its target was not ready (from the daemon's
+state events) outside those requests: what a lone client of that target would have waited.
 
 Every target gets the same warm-up on the first phase's workload, reported apart and not
-counted in the phases, until the tuner has measured its baseline (once per model and
-runtime in a target's life) and, with the variant search, measured every variant (once
-per workload: a workload that comes back after a drift recalls it, tuning/regimes.py), at
-most 96 requests; the rule adjusts during it too. Cases: ngram-mod, self-draft (the draft
-is the target's own GGUF: speculation can only hurt), pair (`specfleet setup --pair`).
+counted in the phases, until the tuner has its calibration (or, without one, its first
+decision), at most 96 requests. Cases: ngram-mod, self-draft (the draft is the target's
+own GGUF: speculation can only hurt), pair (`specfleet setup --pair`).
 
-Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 32] [--max-tokens 96] [--cases
-ngram-mod,self-draft] [--without rule] (~40 min on 2 cores; the pair alone ~50 min with three
-phases); writes benchmarks/results/.
+Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 20] [--max-tokens 192] [--cases
+pair] (the pair: 6 targets x 4 phases x 20 requests of 192 tokens, about 90 minutes on 2
+cores); writes benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -67,27 +61,21 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from serverproc import cpu_model, free_port, http  # noqa: E402
 from tuner_report import Tally, down_intervals, report  # noqa: E402
 
-PHASES = ["code", "prose", "code"]
+# Classes that come back: the tuner must give a class seen before its setting at once.
+PHASES = ["code", "prose", "code", "prose"]
 # None: speculation off; (variant, length): another n-gram variant.
 # (n-max 8 was never the best in runs 1-6: left out, one target fewer to interleave.)
-SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 16, 32, 64, ("simple", 16), ("simple", 48)],
+SWEEPS: dict[str, list[Any]] = {"ngram-mod": [None, 16, 32, 64],
                                 "self-draft": [None, 2, 4, 16],
                                 # The guide's n-max 16 and llama.cpp's default 3 among them.
-                                "pair": [None, 2, 3, 4, 8, 16]}
+                                "pair": [None, 4, 8, 16]}
 # What the tuner may search besides the length, per case.
-TUNED_EXTRA = {"ngram-mod": {"variants": ["mod", "simple"]}, "self-draft": {}, "pair": {}}
-# The daemon's time constants scaled to the benchmark's phases, in seconds of one target's
-# own requests (multiplied by the number of interleaved targets below). In production a
-# cool-down of 15 min meets workloads that last hours; a phase here is about 40 s of a
-# target's requests, so the cool-down is 8 s and the re-probe (1 h) 16 s: a fifth of a
-# phase, as a working day's workload is several times the cool-down. (Runs 1-6 used 30 s,
-# most of a phase: the search's second step landed in the next phase's workload.)
-COOLDOWN_S, REPROBE_S = 8, 16
+TUNED_EXTRA: dict[str, dict[str, Any]] = {"ngram-mod": {}, "self-draft": {}, "pair": {}}
 BENCH_TUNING = {"enabled": True, "min_tokens": 400, "min_steps": 40, "max_wait": "5s"}
 CHUNK = 8  # the rule of thumb's chunk of requests
 WARMUP_MAX = 96  # requests per target at most before the measured phases
-KEPT_DATA = ("measured_speedup", "predicted_speedup", "measured", "baseline_tps", "by_load",
-             "baseline_by_load", "variants", "waited_off_s", "evidence")
+KEPT_DATA = ("predicted", "mix", "remaining_busy_s", "switch_cost_s", "expected_gain",
+             "waited_s")
 
 
 def spec_with(base: dict[str, Any], length: Any) -> dict[str, Any]:
@@ -223,29 +211,29 @@ def run_phase(fleet: Fleet, names: list[str], phase: str, n: int, max_tokens: in
     return tallies
 
 
-def warmed_up(fleet: Fleet, variants: list[str]) -> bool:
-    """The tuner has measured its baseline and decided what runs after it (restore, disable,
-    or another variant), and, with a variant search, measured every variant: the first
-    search of the first workload, a cost paid once in a target's life like the baseline
-    (a returning workload recalls it: tuning/regimes.py)."""
-    actions = [e["data"].get("action") for e in fleet.events()
-               if e.get("target") == "tuned" and e["kind"] == "tuning"]
-    if "baseline" not in actions or all(a in ("baseline", "recall")
-                                        for a in actions[actions.index("baseline"):]):
+def warmed_up(fleet: Fleet) -> bool:
+    """The tuner has what it needs before its first decision: a calibration where the
+    runtime can make one (once per model files and build in a target's life), else any
+    decision (n-gram: the cost is learnt from serving)."""
+    view = fleet.status("tuned").get("tuning", {})
+    if view.get("needs_calibration"):
         return False
-    measured = fleet.status("tuned").get("tuning", {}).get("variants_measured") or {}
-    return all(v in measured for v in variants)
+    return bool(view.get("calibration")) or view.get("last_decision") is not None
 
 
 def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phases: list[str],
              sweep: list[Any], extra: dict[str, Any], n: int, max_tokens: int,
              without: frozenset[str] = frozenset()) -> dict[str, Any]:
     fixed = {f"fixed-{setting_name(s)}": spec_with(spec, s) for s in sweep}
+    # The same flags twice (the sweep's longest, `twin-`): how far two identical targets
+    # differ is the noise every ratio below carries.
+    twin = sweep[-1]
     specs = {"defaults": spec, "rule": spec_with(spec, 16),
-             "tuned": {**spec_with(spec, 16), **extra}, **fixed}
+             "tuned": {**spec_with(spec, 16), **extra}, **fixed,
+             f"twin-{setting_name(twin)}": spec_with(spec, twin)}
     specs = {name: s for name, s in specs.items() if name not in without}
     k = len(specs)
-    tuning = {**BENCH_TUNING, "cooldown": f"{COOLDOWN_S * k}s", "reprobe": f"{REPROBE_S * k}s"}
+    tuning = dict(BENCH_TUNING)
     targets = {name: {**base_target, "port": free_port(), "speculation": s,
                       **({"tuning": tuning} if name == "tuned" else {})}
                for name, s in specs.items()}
@@ -257,7 +245,7 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
         # baseline (once per model and runtime) and searches the variants (once per workload).
         start = time.time()
         warm = run_phase(fleet, names, phases[0], WARMUP_MAX, max_tokens, rule,
-                         until=lambda: warmed_up(fleet, extra.get("variants", [])))
+                         until=lambda: warmed_up(fleet))
         warm_window = (start, time.time())
         windows, tallies = [], []
         for j, p in enumerate(phases, 1):  # the warm-up had prompts 0..WARMUP_MAX-1
@@ -281,8 +269,7 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
     return {"results": results, "warmup": warmup, "targets": k, "tuning": tuning,
             "tuning_events": [{"time": e["time"], "reason": e["reason"],
                                "action": e["data"].get("action"),
-                               "old": e["data"].get("old_variant") or e["data"].get("old_length"),
-                               "new": e["data"].get("new_variant") or e["data"].get("new_length"),
+                               "old": e["data"].get("old"), "new": e["data"].get("new"),
                                # The numbers behind it, for reading a surprising decision.
                                "data": {k: e["data"][k] for k in KEPT_DATA if k in e["data"]}}
                               for e in events if e["kind"] == "tuning"
@@ -293,13 +280,14 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=32, help="requests per phase (32)")
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--requests", type=int, default=20, help="requests per phase (20)")
+    ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--cases", default="ngram-mod,self-draft",
                     help="ngram-mod, self-draft, pair (the F32 target of `specfleet setup "
                     "--pair` drafted for by the Q4_K_M)")
-    ap.add_argument("--without", default="", help="strategies left out, e.g. rule (its "
-                    "beside reloads are charged as downtime: benchmarks/README.md, run 14)")
+    ap.add_argument("--without", default="defaults,rule", help="strategies left out "
+                    "(defaults,rule: the runtime's defaults and the rule of thumb; give '' to "
+                    "run them too)")
     ap.add_argument("--out", default="tuner_phases.json", help="a file name under results/")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
@@ -323,7 +311,7 @@ def main() -> int:
         # The Q4_K_M drafting for the F32 target: 1.2-1.7x at temperature 0 with the best
         # length moving between code and prose, 0.2-0.3x on prose at 0.8 (pair_files.py).
         cases["pair"] = ({"method": "draft", "draft": str(pair["close_draft"])},
-                         [*PHASES, "code*4"])  # 4 slots: llama-server's --parallel auto
+                         PHASES)
     with tempfile.TemporaryDirectory(prefix="specfleet-bench-") as tmp:
         for case, (spec, phases) in cases.items():
             if case not in args.cases.split(","):

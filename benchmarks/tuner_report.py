@@ -95,7 +95,7 @@ def report(out: dict[str, Any]) -> str:
     lines = []
     for case, data in out["cases"].items():
         r, phases = data["results"], data["phases"]
-        fixed = [name for name in r if name.startswith("fixed-")]
+        fixed = [name for name in r if name.startswith(("fixed-", "twin-"))]
         oracle = [max(fixed, key=lambda f, i=i: r[f][i]["tps"]) for i in range(len(phases))]
         lines.append(f"\n{case}: tokens/s per phase ({data['targets']} targets interleaved; "
                      "restarts charged)")
@@ -118,6 +118,17 @@ def report(out: dict[str, Any]) -> str:
                          "  (goal >= 1.10)")
             lines.append(f"oracle / rule of thumb, whole run: "
                          f"{oracle_total / total(r['rule']):.2f}  (the most any strategy could reach)")
+        best_fixed = max(fixed, key=lambda f: total(r[f]))
+        lines.append(f"tuned / the best fixed setting in hindsight ({best_fixed}), whole run: "
+                     f"{total(tuned) / total(r[best_fixed]):.2f}  (goal >= 0.97)")
+        lines.append(f"tuned / speculation off, whole run: "
+                     f"{total(tuned) / total(r['fixed-off']):.2f}  (goal >= 1.00)")
+        for twin in (f for f in r if f.startswith("twin-")):
+            same = "fixed-" + twin[len("twin-"):]
+            if same in r:
+                lines.append(f"noise: {twin} / {same} (the same flags) per phase: " + ", ".join(
+                    f"{a['tps'] / b['tps']:.2f}" for a, b in zip(r[twin], r[same], strict=True))
+                    + f"; whole run {total(r[twin]) / total(r[same]):.2f}")
         if "fixed-16" in r and "fixed-3" in r:  # the guide's n-max 16, llama.cpp's default 3
             better = max(total(r["fixed-16"]), total(r["fixed-3"]))
             lines.append(f"tuned / the better of fixed-16 and fixed-3, whole run: "
