@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from supervisor.tuning.controller import Observation, TuningController  # noqa: E402
-from supervisor.tuning.cost import Interval  # noqa: E402
+from supervisor.tuning.cost import Interval, fit  # noqa: E402
 from supervisor.tuning.load import bucket_of  # noqa: E402
 from supervisor.tuning.prediction import OFF  # noqa: E402
 from supervisor.tuning.rule import KEEP  # noqa: E402
@@ -216,8 +216,8 @@ def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
     lengths = [k for k in truth.settings if k != OFF]
     # Only the measured lengths can be played: the controller chooses among them.
     ctrl = TuningController(lengths=lengths, current=start, fills_length=truth.fills_length)
-    for bucket, cells in truth.calibration.items():
-        ctrl.calibrate(bucket, cells)
+    ctrl.calibrated({bucket: cost for bucket, cells in truth.calibration.items()
+                     if (cost := fit(cells)) is not None})
     decisions: list[dict[str, Any]] = []
     pending = None
     for si, seg in enumerate(day):

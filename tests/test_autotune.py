@@ -60,7 +60,7 @@ class Counters:
 
 
 def calibrate(tuner: AutoTuner, cost: StepCost) -> None:
-    tuner.calibrated({"cost": cost.to_dict(), "lengths": [2, 16], "intervals": 18})
+    tuner.calibrated({"costs": {"1": cost.to_dict()}, "lengths": [2, 16], "intervals": 18})
 
 
 def test_no_decision_before_the_calibration_then_the_model_decides(tmp_path):

@@ -117,9 +117,11 @@ def test_the_rule(current, predictions, remaining, cost, unknown, want):
 
 def test_a_class_seen_before_gets_its_setting_back_without_exploring():
     ctrl = TuningController(lengths=[2, 4, 8, 16], current=16)
-    ctrl.calibrate("1", [interval(TRUE, 0, 0, 500)]
-                   + [interval(TRUE, k, r * k, int(576 / (1 + r * k))) for k in (2, 16)
-                      for r in (0.2, 0.8)])
+    cost = fit([interval(TRUE, 0, 0, 500)]
+               + [interval(TRUE, k, r * k, int(576 / (1 + r * k))) for k in (2, 16)
+                  for r in (0.2, 0.8)])
+    assert cost is not None
+    ctrl.calibrated({"1": cost})
 
     def serve(cls: str, p0: float, rho: float, rounds: int) -> list[str]:
         actions = []

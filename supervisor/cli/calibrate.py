@@ -56,14 +56,14 @@ def run(args: argparse.Namespace) -> int:
                                 args.completions, args.tokens)
         info = asyncio.run(calibrator.backend.preflight())
         result = asyncio.run(calibrator.run(lengths))
-    c = result.cost
-    print(f"{target.name}: a plain step {c.plain * 1e3:.2f} ms; a drafted step "
-          f"{c.step * 1e3:.2f} ms + {c.per_draft * 1e3:.2f} ms per drafted token + "
-          f"{c.per_accepted * 1e3:.2f} ms per accepted token ({len(result.intervals)} "
-          f"completions; lengths {lengths[0]} and {lengths[1]})")
-    print("a drafted step in plain steps, by draft length, all accepted / none accepted: " +
-          ", ".join(f"n={k}: {c.drafted(k, k) / c.plain:.1f} / {c.drafted(k, 0) / c.plain:.1f}"
-                    for k in (2, 4, 8, 16)))
+    print(f"{target.name}: {result.intervals} intervals; lengths {lengths[0]} and "
+          f"{lengths[1]} at a synthetic acceptance")
+    for bucket, c in result.costs.items():
+        print(f"  {bucket} running: a plain step {c.plain * 1e3:.2f} ms; a drafted step "
+              f"{c.step * 1e3:.2f} ms + {c.per_draft * 1e3:.2f} ms per drafted token + "
+              f"{c.per_accepted * 1e3:.2f} ms per accepted token; in plain steps, all / none "
+              "accepted: " + ", ".join(f"n={k} {c.drafted(k, k) / c.plain:.1f} / "
+                                       f"{c.drafted(k, 0) / c.plain:.1f}" for k in (2, 4, 8, 16)))
     if args.dry_run:
         return 0
     state_dir = Path(fleet.daemon.state_dir).expanduser()

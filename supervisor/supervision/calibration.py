@@ -43,6 +43,7 @@ from supervisor.plugin.backend import Backend, LaunchSpec
 from supervisor.supervision.probes import until_ready
 from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.cost import Interval, StepCost, fit
+from supervisor.tuning.load import bucket_of
 
 RATE = 0.5
 RETRY_S = 3600.0
@@ -52,18 +53,30 @@ PROMPT = ("def parse_line(line):\n    key, _, value = line.partition('=')\n    r
 
 @dataclass(frozen=True)
 class Calibration:
-    cost: StepCost
-    intervals: tuple[Interval, ...]
+    """The cost of a step by load bucket (tuning/load.py's labels), and what it rests on."""
+
+    costs: dict[str, StepCost]
+    intervals: int
     lengths: tuple[int, ...]
 
+    @property
+    def cost(self) -> StepCost:
+        """At one request running: what the CLI shows first."""
+        return self.costs["1"]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"cost": self.cost.to_dict(), "lengths": list(self.lengths),
-                "intervals": len(self.intervals)}
+        return {"costs": {b: c.to_dict() for b, c in self.costs.items()},
+                "lengths": list(self.lengths), "intervals": self.intervals}
 
 
 def lengths_for(low: int, high: int) -> tuple[int, int]:
     """Two draft lengths far apart within the target's bounds (2 and 16 by default)."""
     return max(2, low), max(max(2, low) + 2, min(high, 16))
+
+
+# Loads calibrated: one request, and as many as llama-server's default slots (a batch of
+# several requests verifies k+1 tokens for each: another shape of cost, not just a scale).
+LOADS = (1, 4)
 
 
 class Calibrator:
@@ -88,7 +101,7 @@ class Calibrator:
             raise SpecfleetError(f"{self.target.backend} cannot force a known acceptance for "
                                  f"speculation method {self.target.speculation.method!r}: "
                                  "the cost is learnt from serving only")
-        intervals: list[Interval] = []
+        intervals: list[tuple[int, Interval]] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
             plain = self.backend.launch_spec(None, speculation=False)
             self.progress("calibrating: the target without speculation")
@@ -98,32 +111,40 @@ class Calibrator:
                 assert spec is not None
                 self.progress(f"calibrating: draft length {k}, synthetic acceptance {RATE:g}")
                 intervals += await self._cells(http, f"n{k}", spec)
-        cost = fit(intervals)
-        if cost is None or cost.plain <= 0:
-            raise SpecfleetError("calibration measured no step: the runtime reported no "
-                                 "generated tokens in its counters")
-        return Calibration(cost, tuple(intervals), lengths)
+        costs = {}
+        for load in LOADS:
+            cost = fit([iv for at, iv in intervals if at == load])
+            if cost is None or cost.plain <= 0:
+                raise SpecfleetError("calibration measured no step: the runtime reported no "
+                                     "generated tokens in its counters")
+            costs[bucket_of(load)] = cost
+        return Calibration(costs, len(intervals), lengths)
 
     async def _cells(self, http: aiohttp.ClientSession, name: str,
-                     spec: LaunchSpec) -> list[Interval]:
+                     spec: LaunchSpec) -> list[tuple[int, Interval]]:
+        """Each completion one interval at one request running; then rounds of LOADS[-1]
+        completions at once, each round an interval."""
         out = []
+        sampling = {"temperature": 0.0, "ignore_eos": True}
         async with self._server(http, name, spec):
             before = await self.backend.read_metrics(http)
             if before is None:
                 raise SpecfleetError(f"{self.target.backend} exposes no counters to calibrate "
                                      "from")
-            for _ in range(self.completions):
-                await self.backend.generate(http, PROMPT, self.tokens,
-                                            {"temperature": 0.0, "ignore_eos": True})
-                after = await self.backend.read_metrics(http)
-                assert after is not None
-                out.append(Interval(
-                    after.tokens_predicted_seconds - before.tokens_predicted_seconds,
-                    after.tokens_predicted - before.tokens_predicted,
-                    after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
-                    after.accepted_tokens - before.accepted_tokens,
-                    speculating=name != "off"))
-                before = after
+            for load in LOADS:
+                for _ in range(self.completions if load == 1 else self.completions // 2):
+                    await asyncio.gather(*(self.backend.generate(http, PROMPT, self.tokens,
+                                                                 sampling)
+                                           for _ in range(load)))
+                    after = await self.backend.read_metrics(http)
+                    assert after is not None
+                    out.append((load, Interval(
+                        after.tokens_predicted_seconds - before.tokens_predicted_seconds,
+                        after.tokens_predicted - before.tokens_predicted,
+                        after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
+                        after.accepted_tokens - before.accepted_tokens,
+                        speculating=name != "off")))
+                    before = after
         return out
 
     @contextlib.asynccontextmanager

@@ -57,7 +57,7 @@ class AutoTuner:
             fills_length=target.speculation.method != "ngram")
         self.controller.restore(self.memory.learnt)
         if self.memory.calibration:
-            self.controller.calibrated(StepCost.from_dict(self.memory.calibration["cost"]))
+            self.controller.calibrated(_costs(self.memory.calibration))
         self.retunes = 0
         # Set by the owner: whether a restart now costs no service (a handover), and the
         # seconds its last start took to become ready (what a restart in place costs).
@@ -128,9 +128,10 @@ class AutoTuner:
         return self.backend.synthetic_acceptance(spec, 0.5, 2) is not None
 
     def calibrated(self, result: Mapping[str, Any]) -> None:
-        """A calibration's result (tuning/calibration.Calibration.to_dict)."""
-        cost = StepCost.from_dict(result["cost"])
-        self.controller.calibrated(cost)
+        """A calibration's result (supervision/calibration.Calibration.to_dict)."""
+        costs = _costs(result)
+        self.controller.calibrated(costs)
+        cost = costs[min(costs)]
         self._remember(replace(self.memory, calibration={**result, "time": round(time.time())}))
         ms = [round(x * 1e3, 1) for x in (cost.plain, cost.step, cost.per_draft)]
         self.emit("tuning", f"calibrated: a plain step {ms[0]} ms, a drafted step {ms[1]} ms "
@@ -270,3 +271,8 @@ class AutoTuner:
                 "waiting_for": self.waiting_for(),
                 "last_decision": self.memory.decisions[-1] if self.memory.decisions else None,
                 "checks": self.controller.checks[-5:]}
+
+
+def _costs(calibration: Mapping[str, Any]) -> dict[str, StepCost]:
+    """A calibration's costs by load bucket."""
+    return {b: StepCost.from_dict(c) for b, c in (calibration.get("costs") or {}).items()}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from supervisor.tuning.acceptance import ClassAcceptance
-from supervisor.tuning.cost import CostFit, Interval, StepCost, fit
+from supervisor.tuning.cost import CostFit, Interval, StepCost
 from supervisor.tuning.load import LABELS as BUCKETS
 from supervisor.tuning.load import bucket_of
 from supervisor.tuning.prediction import OFF, Prediction, predict
@@ -104,19 +104,18 @@ class TuningController:
             self.costs, self.classes, self.stretch, self.explored = {}, {}, {}, set()
             self.residuals = {}
 
-    def calibrate(self, bucket: str, intervals: Sequence[Interval]) -> StepCost | None:
-        """Seed a load bucket's cost with a calibration's cells (their fit is its prior)."""
-        prior = fit(intervals)
-        self.costs[bucket] = CostFit(prior)
-        return prior
-
-    def calibrated(self, cost: StepCost) -> None:
-        """A calibration's cost (measured at one load) as the prior of every load bucket;
-        what each bucket served since is kept and rescales it."""
+    def calibrated(self, costs: Mapping[str, StepCost]) -> None:
+        """A calibration's costs by load bucket as the priors of the buckets; a bucket it
+        did not measure takes the nearest one's. What each bucket served since is kept and
+        rescales it."""
+        if not costs:
+            return
         for b in BUCKETS:
+            i = BUCKETS.index(b)
+            near = min(costs, key=lambda c: abs(BUCKETS.index(c) - i))
             fit_ = self.costs.get(b)
-            self.costs[b] = CostFit(cost) if fit_ is None else CostFit(
-                cost, fit_.xtx, fit_.xty, fit_.steps, fit_.seconds)
+            self.costs[b] = CostFit(costs[near]) if fit_ is None else CostFit(
+                costs[near], fit_.xtx, fit_.xty, fit_.steps, fit_.seconds)
 
     def cost(self, bucket: str) -> StepCost | None:
         """The bucket's cost, else the nearest bucket's with data."""
