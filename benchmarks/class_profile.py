@@ -187,6 +187,8 @@ def main() -> int:
     def record(setup: str, setting: str, cells: list[dict[str, Any]]) -> None:
         result["setups"].setdefault(setup, {})[setting] = cells
         others.update(others_running())
+        result["others_running"] = sorted(others)
+        args.out.write_text(json.dumps(result, indent=1))  # what is measured so far survives
         print(f"{time.monotonic() - t0:7.0f}s {setup} {setting}: " + ", ".join(
             f"{c['class']}@{c['load']} {c['counters']['tokens'] / c['wall_seconds']:.1f} tok/s"
             for c in cells), file=sys.stderr, flush=True)

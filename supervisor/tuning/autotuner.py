@@ -80,12 +80,12 @@ class AutoTuner:
 
     @property
     def speculation_on(self) -> bool:
-        return self.memory.speculation if self.active else True
+        return self.controller.current != OFF if self.active else True
 
     @property
     def draft_length(self) -> int | None:
         """The length passed to the runtime: tuned, else configured, else its own default."""
-        tuned = self.memory.setting if self.active else None
+        tuned = self.controller.current if self.active else None
         return tuned if tuned else self.target.speculation.length.start
 
     @property
@@ -101,8 +101,10 @@ class AutoTuner:
         return (base or self.backend).with_variant(self.variant)
 
     def _setting(self) -> int:
-        if self.memory.setting is not None:
-            return self.memory.setting
+        kept = self.memory.setting
+        if kept is not None and (kept == OFF or kept in self._lengths()):
+            return kept
+        # Nothing kept, or a length the fleet file's bounds no longer allow: the start.
         return self.target.speculation.length.start or self.backend.default_length() or 1
 
     def _lengths(self) -> list[int]:
@@ -110,8 +112,9 @@ class AutoTuner:
         high = length.max or self.backend.length_ceiling()
         if self.target.speculation.method != "ngram":
             return list(range(max(1, length.min), high + 1))
-        # n-gram lengths are caps on a match; powers of two are fine enough a grid.
-        out, k = {max(1, length.min), high}, 1
+        # n-gram lengths are caps on a match; powers of two are fine enough a grid (with the
+        # configured start, so that what runs is always predicted too).
+        out, k = {max(1, length.min), high, *([length.start] if length.start else [])}, 1
         while k <= high:
             if k >= length.min:
                 out.add(k)
