@@ -181,8 +181,8 @@ def main() -> int:
         daemon.stop()
     first = tuned[0]["started"]
     made = [{"after_s": round(e["time"] - first), "action": (e.get("data") or {}).get("action"),
-             "old": (e.get("data") or {}).get("old_length"),
-             "new": (e.get("data") or {}).get("new_length"), "reason": e.get("reason")}
+             "old": (e.get("data") or {}).get("old"),
+             "new": (e.get("data") or {}).get("new"), "reason": e.get("reason")}
             for e in decisions]
     acted = [d for d in made if d["action"]]
     final = [r for r in tuned if r["cycle"] >= args.tuned_cycles - args.final]

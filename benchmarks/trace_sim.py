@@ -102,6 +102,9 @@ class Truth:
                     self.calibration.setdefault(bucket_of(c["load"]), []).append(Interval(
                         c["wall_seconds"], n["tokens"], n["drafts"], n["draft_tokens"],
                         n["accepted"], n["prompt_tokens"], speculating=k != OFF))
+        # No synthetic acceptance (n-gram drafts): the daemon calibrates the plain step
+        # only and learns a drafted step's cost from serving; so does the simulated tuner.
+        self.shaped = any(" synth=" in name for name in settings)
         self.settings = sorted({k for k, _, _ in self.cells})
         self.classes = sorted({c for _, c, _ in self.cells})
         self.fills_length = not setup.startswith("ngram")
@@ -162,7 +165,9 @@ class Run:
     def answer_seconds(self, k: int, a: Answer, load: int) -> float:
         c = self.truth.cell(k, a.cls, load)
         b = self.bias.get((k, a.cls, min(4, max(1, load))), 1.0)
-        return a.tokens * c.seconds * b * a.speed_noise
+        # An answer that accepts more than the cell's mean takes fewer steps.
+        steps = (a.tokens - noisy(a, c)[0]) / max(1e-9, a.tokens * (1 - c.accepted))
+        return a.tokens * c.seconds * b * a.speed_noise * steps
 
     def restart(self, k: int, segment: int, free: bool = False) -> None:
         if not free:
@@ -211,13 +216,12 @@ def play_oracle(truth: Truth, day: list[dict[str, Any]], bias: dict) -> Run:
 
 def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
                interval: float, seed: int) -> tuple[Run, TuningController, list[dict[str, Any]]]:
-    rng = random.Random(seed * 31 + 5)
     run = Run(truth, bias)
     lengths = [k for k in truth.settings if k != OFF]
     # Only the measured lengths can be played: the controller chooses among them.
     ctrl = TuningController(lengths=lengths, current=start, fills_length=truth.fills_length)
     ctrl.calibrated({bucket: cost for bucket, cells in truth.calibration.items()
-                     if (cost := fit(cells)) is not None})
+                     if (cost := fit(cells)) is not None}, truth.shaped)
     decisions: list[dict[str, Any]] = []
     pending = None
     for si, seg in enumerate(day):
@@ -239,9 +243,9 @@ def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
             k = ctrl.current
             if per_setting[k] > best * LOSING:
                 run.losing.append(si)
-            secs = run.answer_seconds(k, a, load)
             c = truth.cell(k, a.cls, load)
-            _add(acc, a, c, secs, rng)
+            secs = run.answer_seconds(k, a, load)
+            _add(acc, a, c, secs)
             run.busy += secs
             run.clock += secs
             if acc["seconds"] >= interval:
@@ -260,16 +264,30 @@ def _empty() -> dict[str, Any]:
             "accepted": 0.0, "prompt": 0.0, "per_position": [], "classes": {}}
 
 
-def _add(acc: dict[str, Any], a: Answer, c: Cell, secs: float, rng: random.Random) -> None:
+def noisy(a: Answer, c: Cell) -> tuple[float, float, float, list[float]]:
+    """One answer's counters, its acceptance off the cell's by its draw and the rest kept
+    consistent with it (every step yields one token plus what it accepted): accepted,
+    drafted steps, draft tokens, accepted per position; and the factor on its steps."""
     n = a.tokens
-    accepted = min(c.accepted * n * a.acc_noise, c.drafts * n * len(c.per_position) or 0.0)
+    steps = max(1e-9, n * (1 - c.accepted))  # the cell's steps for n tokens
+    drafted_share = c.drafts * n / steps
+    accepted = min(c.accepted * n * a.acc_noise, 0.95 * n)
+    new_steps = n - accepted
+    drafted = drafted_share * new_steps
+    size = c.draft_tokens / c.drafts if c.drafts else 0.0
+    pos = [min(p * n * a.acc_noise, drafted) for p in c.per_position]
+    return accepted, drafted, drafted * size, pos
+
+
+def _add(acc: dict[str, Any], a: Answer, c: Cell, secs: float) -> None:
+    n = a.tokens
+    accepted, drafted, draft_tokens, pos = noisy(a, c)
     acc["seconds"] += secs
     acc["tokens"] += n
-    acc["drafts"] += c.drafts * n
-    acc["draft_tokens"] += c.draft_tokens * n
+    acc["drafts"] += drafted
+    acc["draft_tokens"] += draft_tokens
     acc["accepted"] += accepted
     acc["prompt"] += c.prompt * n
-    pos = [min(p * n * a.acc_noise, c.drafts * n) for p in c.per_position]
     acc["per_position"] = [x + y for x, y in zip(acc["per_position"], pos, strict=False)] \
         if acc["per_position"] else pos
     acc["classes"][a.cls] = acc["classes"].get(a.cls, 0.0) + n

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.tuning.acceptance import ClassAcceptance, class_of
+from supervisor.tuning.acceptance import ClassAcceptance, class_of, pooled
 from supervisor.tuning.controller import Observation, TuningController
 from supervisor.tuning.cost import CostFit, Interval, StepCost, fit
 from supervisor.tuning.prediction import OFF, Prediction, class_speedup, predict
@@ -152,3 +152,12 @@ def test_class_names_say_sampling_and_endpoint_unless_the_client_names_one():
     assert class_of(True, "/completion") == "greedy /completion"
     assert class_of(False, "/v1/chat/completions") == "sampled /v1/chat/completions"
     assert class_of(None, "/completion", "nightly-batch") == "nightly-batch"
+
+
+def test_a_class_never_seen_is_expected_to_accept_what_the_classes_seen_accept():
+    losing = ClassAcceptance().observe(8, 3000, geometric(0.2, 0.3, 8, 3000), 3000, 24_000)
+    winning = ClassAcceptance().observe(8, 3000, geometric(0.95, 0.95, 8, 3000), 3000, 24_000)
+    assert pooled([losing]).accepted(8, 1.64) < ClassAcceptance().accepted(8, 1.64) / 2
+    assert pooled([winning]).accepted(8) > 4 * pooled([losing]).accepted(8)
+    assert pooled([losing]).steps == 20  # shrunk: a hint, soon outweighed by its own steps
+    assert pooled([]) == ClassAcceptance()

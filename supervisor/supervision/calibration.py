@@ -57,7 +57,7 @@ class Calibration:
 
     costs: dict[str, StepCost]
     intervals: int
-    lengths: tuple[int, ...]
+    lengths: tuple[int, ...]  # () where only the plain step was measured
 
     @property
     def cost(self) -> StepCost:
@@ -66,7 +66,8 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         return {"costs": {b: c.to_dict() for b, c in self.costs.items()},
-                "lengths": list(self.lengths), "intervals": self.intervals}
+                "lengths": list(self.lengths), "intervals": self.intervals,
+                "shaped": bool(self.lengths)}
 
 
 def lengths_for(low: int, high: int) -> tuple[int, int]:
@@ -96,17 +97,16 @@ class Calibrator:
         return self.backend.synthetic_acceptance(spec, RATE, length) is not None
 
     async def run(self, lengths: tuple[int, int]) -> Calibration:
-        """Off, then each length with synthetic acceptance; the fitted cost."""
-        if not self.supported(lengths[0]):
-            raise SpecfleetError(f"{self.target.backend} cannot force a known acceptance for "
-                                 f"speculation method {self.target.speculation.method!r}: "
-                                 "the cost is learnt from serving only")
+        """Off, then each length with synthetic acceptance; the fitted cost. Where the
+        runtime cannot force an acceptance (n-gram drafts, vLLM), the plain step alone:
+        what a drafted step costs is then learnt from serving."""
+        synthetic = self.supported(lengths[0])
         intervals: list[tuple[int, Interval]] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
             plain = self.backend.launch_spec(None, speculation=False)
             self.progress("calibrating: the target without speculation")
             intervals += await self._cells(http, "off", plain)
-            for k in lengths:
+            for k in lengths if synthetic else ():
                 spec = self.backend.synthetic_acceptance(self.backend.launch_spec(k), RATE, k)
                 assert spec is not None
                 self.progress(f"calibrating: draft length {k}, synthetic acceptance {RATE:g}")
@@ -118,7 +118,7 @@ class Calibrator:
                 raise SpecfleetError("calibration measured no step: the runtime reported no "
                                      "generated tokens in its counters")
             costs[bucket_of(load)] = cost
-        return Calibration(costs, len(intervals), lengths)
+        return Calibration(costs, len(intervals), lengths if synthetic else ())
 
     async def _cells(self, http: aiohttp.ClientSession, name: str,
                      spec: LaunchSpec) -> list[tuple[int, Interval]]:
@@ -193,16 +193,19 @@ class Calibrating:
         fits, why = await room()
         if not fits:
             self._refused = True
-            self.emit("tuning", f"not calibrating beside the server: {why}; run `specfleet "
-                      "calibrate` while the target is stopped, or it stays uncalibrated and "
-                      "the cost is learnt from serving only")
+            tuner.uncalibrated(f"not calibrating beside the server: {why}; run `specfleet "
+                               "calibrate` while the target is stopped, or the cost is learnt "
+                               "from serving only")
             return
         length = target.speculation.length
         lengths = lengths_for(length.min, length.max or backend_cls(target).length_ceiling())
-        self.emit("tuning", f"calibrating beside the server: draft lengths {lengths[0]} and "
-                  f"{lengths[1]} at a synthetic acceptance ({why})")
+        calibrator = Calibrator(target, backend_cls, work)
+        what = (f"draft lengths {lengths[0]} and {lengths[1]} at a synthetic acceptance"
+                if calibrator.supported(lengths[0]) else "the plain step (this runtime cannot "
+                "force an acceptance: what a drafted step costs is learnt from serving)")
+        self.emit("tuning", f"calibrating beside the server: {what} ({why})")
         try:
-            result = await Calibrator(target, backend_cls, work).run(lengths)
+            result = await calibrator.run(lengths)
         except SpecfleetError as exc:
             self._not_before = self.clock() + RETRY_S
             self.emit("tuning", f"calibration failed, tried again in {RETRY_S / 60:.0f} "

@@ -28,6 +28,7 @@ from typing import Any
 
 HALF_LIFE_STEPS = 4000.0
 Z = 1.64
+PRIOR_STEPS = 20.0  # the weight of the other classes' acceptance for a class never seen
 # At or under this temperature a request is greedy: llama.cpp and vLLM take the most likely
 # token at 0, and 0.05 is as good as greedy for what a draft can predict.
 GREEDY_TEMPERATURE = 0.05
@@ -107,6 +108,21 @@ class ClassAcceptance:
                 "rho_low": round(self.onward.bound(-Z), 3),
                 "rho_high": round(self.onward.bound(Z), 3),
                 "drafting": round(self.drafting.mean, 3), "steps": round(self.steps)}
+
+
+def pooled(classes: Sequence[ClassAcceptance], weight: float = PRIOR_STEPS) -> ClassAcceptance:
+    """What a class never seen is expected to accept: all the classes seen, pooled and
+    shrunk to `weight` drafted steps of evidence (a draft that loses on every class seen
+    is not tried on a new one on the hope of a uniform prior; one that wins is)."""
+    total = sum(c.first.tries for c in classes)
+    if total <= 0:
+        return ClassAcceptance()
+    f = min(1.0, weight / total)
+
+    def pool(name: str) -> Rate:
+        rates = [getattr(c, name) for c in classes]
+        return Rate(sum(r.hits for r in rates) * f, sum(r.tries for r in rates) * f)
+    return ClassAcceptance(pool("first"), pool("onward"), pool("drafting"), pool("draft_fill"))
 
 
 def class_of(greedy: bool | None, endpoint: str, named: str | None = None) -> str:

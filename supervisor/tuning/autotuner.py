@@ -57,7 +57,8 @@ class AutoTuner:
             fills_length=target.speculation.method != "ngram")
         self.controller.restore(self.memory.learnt)
         if self.memory.calibration:
-            self.controller.calibrated(_costs(self.memory.calibration))
+            self.controller.calibrated(_costs(self.memory.calibration),
+                                       bool(self.memory.calibration.get("shaped", True)))
         self.retunes = 0
         # Set by the owner: whether a restart now costs no service (a handover), and the
         # seconds its last start took to become ready (what a restart in place costs).
@@ -73,6 +74,7 @@ class AutoTuner:
         self._unbooked = False  # a decision applied whose restart has not been timed yet
         self._unsaved = 0
         self._cold_tokens = 0  # tokens a learning drafter still serves unjudged
+        self._uncalibrated: str | None = None  # why no calibration can run
 
     @property
     def active(self) -> bool:
@@ -123,22 +125,26 @@ class AutoTuner:
 
     @property
     def needs_calibration(self) -> bool:
-        """Whether the owner should calibrate before the first decision."""
-        return self.active and self.memory.calibration is None and self._can_calibrate()
+        """Whether the owner should calibrate before the first decision (until it said it
+        cannot, for this daemon's life)."""
+        return self.active and self.memory.calibration is None and self._uncalibrated is None
 
-    def _can_calibrate(self) -> bool:
-        spec = self.backend.launch_spec(2)
-        return self.backend.synthetic_acceptance(spec, 0.5, 2) is not None
+    def uncalibrated(self, why: str) -> None:
+        """No calibration can run (no room beside the server): decide without one."""
+        self._uncalibrated = why
+        self.emit("tuning", why)
 
     def calibrated(self, result: Mapping[str, Any]) -> None:
         """A calibration's result (supervision/calibration.Calibration.to_dict)."""
         costs = _costs(result)
-        self.controller.calibrated(costs)
+        self.controller.calibrated(costs, bool(result.get("shaped", True)))
         cost = costs[min(costs)]
         self._remember(replace(self.memory, calibration={**result, "time": round(time.time())}))
         ms = [round(x * 1e3, 1) for x in (cost.plain, cost.step, cost.per_draft)]
-        self.emit("tuning", f"calibrated: a plain step {ms[0]} ms, a drafted step {ms[1]} ms "
-                  f"+ {ms[2]} ms a drafted token", calibration=result)
+        self.emit("tuning", f"calibrated: a plain step {ms[0]} ms" + (
+            f", a drafted step {ms[1]} ms + {ms[2]} ms a drafted token"
+            if result.get("shaped", True) else " (drafted steps: learnt from serving)"),
+            calibration=result)
 
     def _remember(self, memory: TunerMemory) -> None:
         self.memory = memory

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from supervisor.tuning.acceptance import ClassAcceptance
+from supervisor.tuning.acceptance import ClassAcceptance, pooled
 from supervisor.tuning.cost import CostFit, Interval, StepCost
 from supervisor.tuning.load import LABELS as BUCKETS
 from supervisor.tuning.load import bucket_of
@@ -104,18 +104,18 @@ class TuningController:
             self.costs, self.classes, self.stretch, self.explored = {}, {}, {}, set()
             self.residuals = {}
 
-    def calibrated(self, costs: Mapping[str, StepCost]) -> None:
+    def calibrated(self, costs: Mapping[str, StepCost], shaped: bool = True) -> None:
         """A calibration's costs by load bucket as the priors of the buckets; a bucket it
-        did not measure takes the nearest one's. What each bucket served since is kept and
-        rescales it."""
+        did not measure takes the nearest one's. What each bucket served since is kept
+        (and rescales it, where the calibration measured drafted steps: `shaped`)."""
         if not costs:
             return
         for b in BUCKETS:
             i = BUCKETS.index(b)
             near = min(costs, key=lambda c: abs(BUCKETS.index(c) - i))
-            fit_ = self.costs.get(b)
-            self.costs[b] = CostFit(costs[near]) if fit_ is None else CostFit(
-                costs[near], fit_.xtx, fit_.xty, fit_.steps, fit_.seconds)
+            fit_ = self.costs.get(b) or CostFit()
+            self.costs[b] = CostFit(costs[near], fit_.xtx, fit_.xty, fit_.steps, fit_.seconds,
+                                    shaped)
 
     def cost(self, bucket: str) -> StepCost | None:
         """The bucket's cost, else the nearest bucket's with data."""
@@ -232,11 +232,12 @@ class TuningController:
 
     def predictions(self) -> dict[int, Prediction] | None:
         terms = []
+        unseen = pooled(list(self.classes.values()))
         for bucket, tokens, _ in self.recent:
             cost = self.cost(bucket)
             if cost is None:
                 return None
-            terms += [(cost, self.classes.get(c, ClassAcceptance()), self.overhead(c), n)
+            terms += [(cost, self.classes.get(c, unseen), self.overhead(c), n)
                       for c, n in tokens.items()]
         if not terms:
             return None

@@ -95,6 +95,10 @@ class CostFit:
     xty: list[float] = field(default_factory=lambda: [0.0] * N)
     steps: float = 0.0  # steps seen, plain and drafted
     seconds: float = 0.0  # and the seconds they took
+    # Whether the prior's drafted parts were measured (a calibration at a synthetic
+    # acceptance) and only its scale may move; a calibration of the plain step alone guesses
+    # them, and then served intervals correct each part without rescaling the plain step.
+    shaped: bool = True
 
     def add(self, interval: Interval, forget: float = FORGET) -> None:
         if interval.seconds <= 0 or interval.tokens <= 0:
@@ -119,7 +123,7 @@ class CostFit:
             # as dear plus half a step per drafted token (a guess the data then corrects).
             plain = self.seconds / self.steps
             prior = [plain, plain, plain / 2, 0.0]
-        else:
+        elif self.shaped:
             # The calibration's shape at the speed the machine has now: the one factor
             # that best explains what was served (a calibration run beside a busy server,
             # or a machine that got busier, is off by a factor, not in shape).
@@ -138,14 +142,16 @@ class CostFit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"prior": self.prior.to_dict() if self.prior else None, "xtx": self.xtx,
-                "xty": self.xty, "steps": self.steps, "seconds": self.seconds}
+                "xty": self.xty, "steps": self.steps, "seconds": self.seconds,
+                "shaped": self.shaped}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostFit:
         prior = data.get("prior")
         return cls(StepCost.from_dict(prior) if prior else None,
                    [list(map(float, r)) for r in data["xtx"]], list(map(float, data["xty"])),
-                   float(data.get("steps", 0.0)), float(data.get("seconds", 0.0)))
+                   float(data.get("steps", 0.0)), float(data.get("seconds", 0.0)),
+                   bool(data.get("shaped", True)))
 
 
 def fit(intervals: Sequence[Interval], prior: StepCost | None = None) -> StepCost | None:
