@@ -12,7 +12,9 @@ the restart), in this order:
    and g >= min_gain.
 3. **Explore.** Only from off, for a mix whose acceptance is not known (a class never seen
    with speculation on: fewer than `min_steps` drafted steps): let e be the setting with
-   the best high. Explore e when (1 - 1 / high(e)) · R > S, once per class.
+   the best high. Explore e when high(e) >= 1 + min_gain and what it could save pays for
+   the switch and for `TRIAL` busy seconds at its mid (the time to learn the acceptance):
+   (1 - 1 / high(e)) · R > S + max(0, 1 / mid(e) - 1) · TRIAL; once per class.
 4. Otherwise keep.
 
 A class seen before has its acceptance in the model, so its best setting is predicted at
@@ -28,6 +30,7 @@ from typing import Any
 from supervisor.tuning.prediction import OFF, Prediction
 
 KEEP, SWITCH, EXPLORE = "keep", "switch", "explore"
+TRIAL = 30.0  # busy seconds a tried setting serves before its acceptance is known
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ def decide(predictions: Mapping[int, Prediction], current: int, remaining: float
                         "the rest of this mix would lose", 0.0, numbers)
     if current == OFF and unknown and speculative:
         e = max(speculative, key=lambda p: (p.high, p.setting))
-        if (1 - 1 / e.high) * remaining > switch_cost:
+        trial = max(0.0, 1 / e.mid - 1) * TRIAL if e.mid > 0 else TRIAL
+        if e.high >= 1 + min_gain and (1 - 1 / e.high) * remaining > switch_cost + trial:
             return Decision(EXPLORE, e.setting, f"acceptance of this mix unknown: trying "
                             f"{describe(e.setting)} (at best {e.high:.2f}x)", 0.0, numbers)
     best = max(predictions.values(), key=lambda p: (p.mid, -p.setting))
