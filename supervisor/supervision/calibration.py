@@ -180,10 +180,19 @@ class Calibrating:
         return self._task is not None and not self._task.done()
 
     def maybe_start(self, target: Target, backend: Backend, tuner: AutoTuner, work: Path,
-                    room: Callable[[], Awaitable[tuple[bool, str]]]) -> None:
-        """Start a calibration if the tuner needs one and none runs or failed lately."""
+                    room: Callable[[], Awaitable[tuple[bool, str]]],
+                    why_not_beside: str | None = None) -> None:
+        """Start a calibration if the tuner needs one and none runs or failed lately;
+        `why_not_beside`: why no second server of this target may run here (its launcher
+        runs one per target, or runs it elsewhere), if so."""
         if not tuner.needs_calibration or self.running or self._refused \
                 or self.clock() < self._not_before:
+            return
+        if why_not_beside is not None:
+            self._refused = True
+            tuner.uncalibrated(f"not calibrating beside the server: {why_not_beside}; run "
+                               "`specfleet calibrate` where the runtime runs, or the cost is "
+                               "learnt from serving only")
             return
         self._task = asyncio.create_task(self._run(target, type(backend), tuner, work, room),
                                          name=f"calibrate:{target.name}")

@@ -42,6 +42,7 @@ from supervisor.supervision.handover import (
     replace_beside,
     room_beside,
     stop_retiring,
+    why_in_place,
 )
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
@@ -360,6 +361,6 @@ class TargetSupervisor:
             if self.serving:
                 work = Path(self.log_file).parent if self.log_file else Path(tempfile.gettempdir())
                 self.calibrating.maybe_start(self.target, self.backend, self.tuner, work,
-                                             lambda: room_beside(self))
+                                             lambda: room_beside(self), why_in_place(self))
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")
