@@ -99,9 +99,7 @@ def in_place_reason(replace: str, beside_trait: bool, launcher: str,
     return None
 
 
-def why_in_place(owner: Owner) -> str | None:
-    """Why a second server of this target may not run beside the first (None: it may,
-    memory permitting): the fleet file's `restart.replace`, the launcher, the proxy."""
+def _why_in_place(owner: Owner) -> str | None:
     return in_place_reason(owner.target.restart.replace, owner.launcher.traits.beside,
                            owner.target.launcher, owner.proxied)
 
@@ -109,7 +107,7 @@ def why_in_place(owner: Owner) -> str | None:
 def may_go_beside(owner: Owner) -> bool:
     """Whether a planned restart of this target may start the new server beside the old one,
     memory permitting (the tuner then applies its decisions without waiting for idleness)."""
-    return why_in_place(owner) is None
+    return _why_in_place(owner) is None
 
 
 def host_room(need: int | None, available: int) -> tuple[bool, str]:
@@ -201,7 +199,7 @@ async def replace_beside(owner: Owner, old: RunningProcess, request: Request,
                          ) -> RunningProcess | Request | None:
     """The new server, serving; a command that came while it loaded (the new server is gone,
     the command is the owner's to handle); or None: restart in place (the event says why)."""
-    why = why_in_place(owner)
+    why = _why_in_place(owner)
     if why is None:
         fits, detail = await room_beside(owner)
         why = None if fits else detail

@@ -42,7 +42,6 @@ from supervisor.supervision.handover import (
     replace_beside,
     room_beside,
     stop_retiring,
-    why_in_place,
 )
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
@@ -360,7 +359,12 @@ class TargetSupervisor:
                 self.send(Command.RETUNE, reason)
             if self.serving:
                 work = Path(self.log_file).parent if self.log_file else Path(tempfile.gettempdir())
-                self.calibrating.maybe_start(self.target, self.backend, self.tuner, work,
-                                             lambda: room_beside(self), why_in_place(self))
+                # A second server of this target on this machine: where its launcher can run
+                # two (the process launcher); nothing is routed to it, so the proxy and
+                # restart.replace do not matter.
+                self.calibrating.maybe_start(
+                    self.target, self.backend, self.tuner, work, lambda: room_beside(self),
+                    None if self.launcher.traits.beside else
+                    f"the {self.target.launcher} launcher runs one server of a target")
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")
