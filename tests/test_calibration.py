@@ -1,0 +1,110 @@
+"""The calibration: what a step costs, measured at a synthetic acceptance on a real
+llama-server (live), and when the daemon runs it beside a serving server or says why not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from plugins.llamacpp.backend import LlamaCppBackend
+from supervisor.config.schema import Target
+from supervisor.plugin.backend import RuntimeInfo
+from supervisor.supervision.calibration import Calibrating, lengths_for
+from supervisor.tuning.autotuner import AutoTuner
+from tests.conftest import llama_target, write_fleet
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_two_lengths_far_apart_within_the_bounds():
+    assert lengths_for(1, 16) == (2, 16)
+    assert lengths_for(1, 64) == (2, 16)
+    assert lengths_for(4, 8) == (4, 8)
+    assert lengths_for(1, 3) == (2, 4)  # two sizes apart at least, even past a low max
+
+
+def test_llama_cpp_forces_an_acceptance_for_draft_models_but_not_for_ngram(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    draft = Target(name="d", model=str(model), port=1,
+                   speculation={"method": "draft", "draft": str(model)})
+    backend = LlamaCppBackend(draft)
+    spec = backend.synthetic_acceptance(backend.launch_spec(4), 0.5, 4)
+    assert spec is not None and spec.argv[-2:] == ("--spec-synth-rates", "0.5,0.5,0.5,0.5")
+    ngram = Target(name="n", model=str(model), port=1, speculation={"method": "ngram"})
+    assert LlamaCppBackend(ngram).synthetic_acceptance(
+        LlamaCppBackend(ngram).launch_spec(4), 0.5, 4) is None
+
+
+async def test_a_launcher_that_runs_one_server_per_target_is_not_calibrated_beside(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    target = Target(name="t", model=str(model), port=1,
+                    speculation={"method": "draft", "draft": str(model)})
+    events: list[str] = []
+    tuner = AutoTuner(target, LlamaCppBackend(target), None,
+                      lambda kind, reason, **data: events.append(reason))
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    calibrating = Calibrating(lambda *a, **k: None)
+
+    async def room() -> tuple[bool, str]:
+        raise AssertionError("not asked: no second server can run")
+
+    calibrating.maybe_start(target, tuner.backend, tuner, tmp_path, room,
+                            "the systemd launcher runs one server of a target")
+    assert not calibrating.running and not tuner.needs_calibration
+    assert "systemd launcher runs one server" in events[-1]
+    assert "specfleet calibrate" in events[-1]
+
+
+async def test_no_room_beside_is_said_once_and_the_tuner_decides_without(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    target = Target(name="t", model=str(model), port=1,
+                    speculation={"method": "draft", "draft": str(model)})
+    events: list[str] = []
+    tuner = AutoTuner(target, LlamaCppBackend(target), None,
+                      lambda kind, reason, **data: events.append(reason))
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    calibrating = Calibrating(lambda *a, **k: None)
+
+    async def no_room() -> tuple[bool, str]:
+        return False, "a second server needs about 9.0 GiB of host memory, 2.0 GiB is available"
+
+    for _ in range(3):
+        calibrating.maybe_start(target, tuner.backend, tuner, tmp_path, no_room)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    assert sum("9.0 GiB" in e for e in events) == 1 and not tuner.needs_calibration
+
+
+@pytest.mark.live
+def test_specfleet_calibrate_measures_a_real_server_and_keeps_the_cost(
+        tmp_path, model, llama_server_bin):
+    # The packaged model as its own draft: its drafted step costs a draft decode per token.
+    target = llama_target(model, llama_server_bin, speculation={
+        "method": "draft", "draft": model, "length": {"start": 4, "min": 1, "max": 8}})
+    fleet = write_fleet(tmp_path, {"self": target})
+    before = {p.pid for p in psutil.process_iter()}
+    run = subprocess.run([sys.executable, "-m", "supervisor", "calibrate", str(fleet),
+                          "--target", "self", "--completions", "4", "--tokens", "32"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "1 running: a plain step" in run.stdout and "4-7 running: a plain step" in run.stdout
+    kept = json.loads((tmp_path / "state" / "tuning.json").read_text())["self"]
+    one = kept["calibration"]["costs"]["1"]
+    assert kept["calibration"]["lengths"] == [2, 8] and kept["calibration"]["shaped"]
+    assert one["plain"] > 0 and one["per_draft"] > 0
+    # A drafted step of 8 (each token a decode of the same model) costs more than one of 2.
+    assert one["step"] + 8 * one["per_draft"] > one["step"] + 2 * one["per_draft"]
+    assert kept["runtime_key"]
+    # Nothing it started is left.
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if p.pid not in before and llama_server_bin in " ".join(p.info["cmdline"] or [])]
+    assert left == []
