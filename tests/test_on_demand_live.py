@@ -178,8 +178,8 @@ def test_idle_unload_unloads_and_the_next_request_reloads_with_the_tuned_length(
     runtime = asyncio.run(registry.backend_for(target).preflight())
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "tuning.json").write_text(json.dumps({"coder": {
-        "fingerprint": fingerprint(target), "length": 7, "baseline_tps": 41.5,
-        "baseline_key": runtime_key(target, runtime)}}))
+        "fingerprint": fingerprint(target), "setting": 7,
+        "runtime_key": runtime_key(target, runtime)}}))
     daemon = start_daemon(fleet)
     first = daemon.wait_state("coder", "ready", 60)  # start: always, then idle_unload
     assert first["speculation"]["draft_length"] == 7
@@ -194,7 +194,7 @@ def test_idle_unload_unloads_and_the_next_request_reloads_with_the_tuned_length(
     argv = record["argv"]
     assert argv[argv.index("--spec-ngram-mod-n-max") + 1] == "7"
     kept = json.loads((tmp_path / "state" / "tuning.json").read_text())["coder"]
-    assert kept["length"] == 7 and kept["baseline_tps"] == 41.5
+    assert kept["setting"] == 7 and kept["runtime_key"] == runtime_key(target, runtime)
 
 
 def test_a_pinned_target_is_never_evicted(tmp_path, model, llama_server_bin, start_daemon):

@@ -222,6 +222,13 @@ class Calibrating:
             return
         tuner.calibrated(result.to_dict())
 
+    def cancel(self) -> None:
+        """End a calibration under way now that its target does not serve (unloaded,
+        stopping, failed): its server is stopped with its process group as the task ends;
+        it starts again once the target serves."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
     async def stop(self) -> None:
         """Stop a calibration under way (its server is stopped with its process group)."""
         if self._task is not None and not self._task.done():

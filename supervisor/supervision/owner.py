@@ -157,6 +157,8 @@ class TargetSupervisor:
             self.placer.released(self.name)  # loaded (its memory now shows in NVML), or gone
         if self.state == State.LOADING and new == State.READY and self.started_at:
             self.tuner.restarted(time.time() - self.started_at, beside=False)
+        if not is_live(new):
+            self.calibrating.cancel()  # nothing to calibrate beside while it does not serve
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
         self.state, self.since, self.last_event = new, event.time, event
         self.loading.state_changed(new)

@@ -51,8 +51,10 @@ class AutoTuner:
         self.by_load = LoadWindows(max_steps=target.tuning.window_steps)
         key = fingerprint(target)
         self.memory = store.load(target.name, key) if store else TunerMemory(key)
+        current = self._setting()
         self.controller = TuningController(
-            lengths=self._lengths(), current=self._setting(), min_gain=target.tuning.min_gain,
+            lengths=sorted({*self._lengths(), current} - {OFF}), current=current,
+            min_gain=target.tuning.min_gain,
             min_steps=target.tuning.min_steps,
             fills_length=target.speculation.method != "ngram")
         self.controller.restore(self.memory.learnt)
@@ -104,7 +106,9 @@ class AutoTuner:
 
     def _setting(self) -> int:
         kept = self.memory.setting
-        if kept is not None and (kept == OFF or kept in self._lengths()):
+        length = self.target.speculation.length
+        high = length.max or self.backend.length_ceiling()
+        if kept is not None and (kept == OFF or length.min <= kept <= high):
             return kept
         # Nothing kept, or a length the fleet file's bounds no longer allow: the start.
         return self.target.speculation.length.start or self.backend.default_length() or 1
