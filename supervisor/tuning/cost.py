@@ -34,6 +34,7 @@ NAMES = ("plain", "step", "per_draft", "per_accepted")
 # Weight of the pull towards the prior, relative to each term's own evidence: small enough
 # to leave what the counts identify, enough to keep an unidentified direction where it was.
 RIDGE = 1e-3
+PRIOR_COUNT = 100.0  # the prior weighs as this many steps of each term
 # Each new interval's statistics count fully, older ones fade with this factor per interval
 # (about 2,000 intervals' memory): a build's cost drifts little, a machine's load does.
 FORGET = 0.9995
@@ -116,7 +117,6 @@ class CostFit:
         the plain step's cost for every drafted part); None before any step was seen."""
         if self.steps <= 0:
             return self.prior
-        scale = max(self.xtx[i][i] for i in range(N)) or 1.0
         prior = self.prior.as_list() if self.prior else None
         if prior is None:
             # No calibration: a plain step at what a step took on average, a drafted one
@@ -133,12 +133,18 @@ class CostFit:
                 factor = sum(prior[i] * self.xty[i] for i in range(N)) / norm
                 prior = [factor * p for p in prior]
         # Each term pulled in proportion to its own evidence (as if the terms were scaled
-        # alike); a term never seen is held at the prior by a floor.
-        lam = [max(RIDGE * self.xtx[i][i], 1e-9 * scale) for i in range(N)]
+        # alike), and at least as one interval of PRIOR_COUNT steps would pull it: a term
+        # seen little (a few plain steps among thousands drafted) stays near the prior
+        # instead of swinging with the noise of its neighbours.
+        # Without a calibration the prior is a guess, held only where nothing else is.
+        floor = PRIOR_COUNT ** 2 if self.prior is not None else 1e-6
+        lam = [max(RIDGE * self.xtx[i][i], floor) for i in range(N)]
         a = [[self.xtx[i][j] + (lam[i] if i == j else 0.0) for j in range(N)] for i in range(N)]
         b = [self.xty[i] + lam[i] * prior[i] for i in range(N)]
-        coef = _solve(a, b)
-        return StepCost(*(max(0.0, c) for c in coef))
+        coef = [max(0.0, c) for c in _solve(a, b)]
+        # A plain step never costs nothing: at worst a fifth of what the prior says.
+        coef[0] = max(coef[0], prior[0] / 5)
+        return StepCost(*coef)
 
     def to_dict(self) -> dict[str, Any]:
         return {"prior": self.prior.to_dict() if self.prior else None, "xtx": self.xtx,

@@ -75,8 +75,8 @@ def predict(terms: list[tuple[StepCost, ClassAcceptance, float, float]], setting
             # Weighted by time at off: the tokens times what each costs off.
             off = sum(w * (cost.plain + extra) for cost, _, extra, w in terms) or 1.0
             slow = sum(w * (cost.plain + extra) / off
-                       / class_speedup(cost, acc, k, z, fills_length, extra)
+                       / max(1e-6, class_speedup(cost, acc, k, z, fills_length, extra))
                        for cost, acc, extra, w in terms)
-            values.append(1.0 / slow)
+            values.append(1.0 / slow if slow > 0 else 1.0)
         out[k] = Prediction(k, *values)
     return out
