@@ -190,3 +190,21 @@ def test_while_an_old_server_computes_on_the_same_cores_nothing_is_evidence(tmp_
     c = Counters(CHEAP)
     assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is None
     assert not tuner.controller.classes and tuner.last is None
+
+
+def test_the_prediction_a_decision_rested_on_is_checked_once_the_new_setting_has_served(
+        tmp_path):
+    tuner, events = make(tmp_path)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    calibrate(tuner, CHEAP)
+    c = Counters(CHEAP)
+    assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is not None
+    tuner.apply_pending()
+    k = tuner.draft_length
+    for _ in range(10):
+        tuner.observe(c.serve(k, 0.95, 200, busy=2))
+    checked = [data["check"] for _, reason, data in events if reason.startswith(
+        "prediction checked")]
+    assert len(checked) == 1 and checked[0]["setting"] == k
+    # The served text is the one predicted: what was measured is what was expected.
+    assert abs(checked[0]["measured"] / checked[0]["predicted"] - 1) < 0.05

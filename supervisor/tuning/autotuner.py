@@ -77,6 +77,7 @@ class AutoTuner:
         self._unsaved = 0
         self._cold_tokens = 0  # tokens a learning drafter still serves unjudged
         self._uncalibrated: str | None = None  # why no calibration can run
+        self._checked = 0  # the controller's prediction checks already said in an event
 
     @property
     def active(self) -> bool:
@@ -204,6 +205,13 @@ class AutoTuner:
         self._unsaved += 1
         if self._unsaved >= SAVE_EVERY:
             self._learnt()
+        for check in self.controller.checks[self._checked:]:
+            # How far off the last decision's prediction was, once the new setting had
+            # served long enough to tell.
+            self.emit("tuning", f"prediction checked: {describe(check['setting'])} predicted "
+                      f"{check['predicted']:.2f}x this mix, measured {check['measured']:.2f}x",
+                      check=check)
+        self._checked = len(self.controller.checks)
         if self._pending is None and not self.needs_calibration:
             decision = self.controller.decide(self.switch_cost())
             if decision is not None:
