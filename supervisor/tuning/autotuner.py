@@ -90,8 +90,9 @@ class AutoTuner:
     @property
     def draft_length(self) -> int | None:
         """The length passed to the runtime: tuned, else configured, else its own default."""
-        tuned = self.controller.current if self.active else None
-        return tuned if tuned else self.target.speculation.length.start
+        if not self.active or self.memory.setting is None:
+            return self.target.speculation.length.start  # None: the runtime's own default
+        return self.controller.current or self.target.speculation.length.start
 
     @property
     def variant(self) -> str | None:
