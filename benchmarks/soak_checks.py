@@ -49,9 +49,21 @@ def orphans(marker: str, status: dict[str, Any] | None) -> list[str]:
             continue
         if parent is not None and parent.name() == "conmon":
             continue  # a container's: adopted or removed by the next daemon
+        if status is not None and parent is not None and _is_daemon(parent):
+            # A child of the running daemon is not an orphan even where no target lists
+            # it: the tuner's calibration beside a server, an old server draining.
+            continue
         if pid not in owned:
             found.append(f"pid {pid}: {cmd[:160]}")
     return found
+
+
+def _is_daemon(proc: psutil.Process) -> bool:
+    try:
+        cmd = proc.cmdline()
+    except psutil.Error:
+        return False
+    return "supervisor" in " ".join(cmd) and "run" in cmd
 
 
 def status_matches_events(state_dir: Path) -> list[str]:
