@@ -42,7 +42,8 @@ def test_llama_cpp_forces_an_acceptance_for_draft_models_but_not_for_ngram(tmp_p
         LlamaCppBackend(ngram).launch_spec(4), 0.5, 4) is None
 
 
-async def test_a_launcher_that_runs_one_server_per_target_is_not_calibrated_beside(tmp_path):
+def draft_tuner(tmp_path: Path) -> tuple[Target, AutoTuner, list[str]]:
+    """A draft-model target's tuner, its runtime started, and the reasons it says."""
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     target = Target(name="t", model=str(model), port=1,
@@ -51,6 +52,11 @@ async def test_a_launcher_that_runs_one_server_per_target_is_not_calibrated_besi
     tuner = AutoTuner(target, LlamaCppBackend(target), None,
                       lambda kind, reason, **data: events.append(reason))
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    return target, tuner, events
+
+
+async def test_a_launcher_that_runs_one_server_per_target_is_not_calibrated_beside(tmp_path):
+    target, tuner, events = draft_tuner(tmp_path)
     calibrating = Calibrating(lambda *a, **k: None)
 
     async def room() -> tuple[bool, str]:
@@ -64,14 +70,7 @@ async def test_a_launcher_that_runs_one_server_per_target_is_not_calibrated_besi
 
 
 async def test_no_room_beside_is_said_once_and_the_tuner_decides_without(tmp_path):
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    target = Target(name="t", model=str(model), port=1,
-                    speculation={"method": "draft", "draft": str(model)})
-    events: list[str] = []
-    tuner = AutoTuner(target, LlamaCppBackend(target), None,
-                      lambda kind, reason, **data: events.append(reason))
-    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    target, tuner, events = draft_tuner(tmp_path)
     calibrating = Calibrating(lambda *a, **k: None)
 
     async def no_room() -> tuple[bool, str]:
