@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from supervisor.errors import SpecfleetError
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure speculation off vs a sweep of draft lengths",
@@ -35,18 +33,11 @@ def run(args: argparse.Namespace) -> int:
 
     from supervisor.bench import runner as bench_runner
     from supervisor.bench import workloads
-    from supervisor.cli.common import load
+    from supervisor.cli.common import speculating_target
     from supervisor.plugin.registry import default_registry
 
     registry = default_registry()
-    fleet = load(args.file, registry).fleet
-    target = fleet.targets.get(args.target)
-    if target is None:
-        raise SpecfleetError(f"no target {args.target!r} in {args.file}; targets: "
-                             f"{', '.join(fleet.targets) or '(none)'}")
-    if target.speculation.method == "none":
-        raise SpecfleetError(f"target {args.target!r} has no speculation to benchmark "
-                             "(speculation.method is none)")
+    _, target = speculating_target(args.file, args.target, registry, "to benchmark")
     backend_cls = registry.get(target.backend)
     assert backend_cls is not None
     probe = backend_cls(target)

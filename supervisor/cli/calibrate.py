@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from supervisor.errors import SpecfleetError
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure what a drafted step costs (the tuner's model)",
@@ -33,19 +31,15 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from supervisor.cli.common import load
+    from supervisor.cli.common import speculating_target
     from supervisor.plugin.registry import default_registry
     from supervisor.supervision.calibration import Calibrator, lengths_for
     from supervisor.tuning.store import TuningStore, fingerprint, runtime_key
 
     registry = default_registry()
-    fleet = load(args.file, registry).fleet
-    target = fleet.targets.get(args.target)
-    if target is None:
-        raise SpecfleetError(f"no target {args.target!r} in {args.file}; targets: "
-                             f"{', '.join(fleet.targets) or '(none)'}")
-    if target.speculation.method == "none":
-        raise SpecfleetError(f"target {args.target!r} has no speculation: a step has one cost")
+    loaded, target = speculating_target(args.file, args.target, registry,
+                                        "to calibrate: a step has one cost")
+    fleet = loaded.fleet
     backend_cls = registry.get(target.backend)
     assert backend_cls is not None
     length = target.speculation.length

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from supervisor.config.loader import LoadedFleet, load_fleet
 from supervisor.config.schema import Target
 from supervisor.config.yamlsource import Problem
+from supervisor.errors import SpecfleetError
 from supervisor.plugin.registry import Registry
 
 
@@ -25,6 +26,21 @@ def load(path: str, registry: Registry, runtime_files: bool = True) -> LoadedFle
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
     return loaded
+
+
+def speculating_target(path: str, name: str, registry: Registry, what: str) -> tuple[
+        LoadedFleet, Target]:
+    """The fleet at `path` and its target `name`, which must speculate (`what`: the
+    command's reason, said when it does not)."""
+    loaded = load(path, registry)
+    target = loaded.fleet.targets.get(name)
+    if target is None:
+        raise SpecfleetError(f"no target {name!r} in {path}; targets: "
+                             f"{', '.join(loaded.fleet.targets) or '(none)'}")
+    if target.speculation.method == "none":
+        raise SpecfleetError(f"target {name!r} has no speculation {what} (speculation.method "
+                             "is none)")
+    return loaded, target
 
 
 def _as_warnings(registry: Registry) -> Callable[[Target], list[Problem]]:
