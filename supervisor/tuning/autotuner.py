@@ -98,11 +98,6 @@ class AutoTuner:
     def variant(self) -> str | None:
         return self.target.speculation.variant
 
-    @property
-    def lengths_by_load(self) -> dict[str, int]:
-        """One length for every load: the model predicts per load, the setting is one."""
-        return {}
-
     def launch_backend(self, base: Backend | None = None) -> Backend:
         return (base or self.backend).with_variant(self.variant)
 
