@@ -115,5 +115,6 @@ class RuntimeInfo:
 
 
 # A feature: the runtime takes a table of draft lengths by requests running at start
-# (vLLM's num_speculative_tokens_per_batch_size); see `VllmBackend.with_lengths_by_load` (the tuner runs one length today).
+# (vLLM's num_speculative_tokens_per_batch_size); see `VllmBackend.with_lengths_by_load`
+# (the tuner runs one length today).
 LENGTHS_BY_LOAD = "lengths_by_load"
