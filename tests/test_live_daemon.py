@@ -161,9 +161,10 @@ def test_no_llama_server_survives_the_daemon(sig, tmp_path, model, llama_server_
         "one": llama_target(model, llama_server_bin),
         "two": llama_target(model, llama_server_bin, speculation={"method": "ngram"}),
     }))
-    daemon.wait_state("one", "ready")
-    daemon.wait_state("two", "ready")
-    assert len(runtime_pids(str(tmp_path))) == 2
+    serving = {daemon.wait_state("one", "ready")["pid"], daemon.wait_state("two", "ready")["pid"]}
+    # A third llama-server may be running: the tuner's calibration beside a serving target.
+    # It is the daemon's child too, so it must not survive either.
+    assert serving <= set(runtime_pids(str(tmp_path)))
     daemon.signal(sig)
     daemon.proc.wait(30)
     wait_for(lambda: not runtime_pids(str(tmp_path)), 10, "every llama-server to exit")
