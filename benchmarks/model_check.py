@@ -14,6 +14,9 @@ serving), class and load, and each setting:
               reference length (`--ref`, the longest by default), extrapolated to the
               setting's length by the model (tests the acceptance model too).
 
+Cells that drafted on under 1 % of their tokens did the work off does; how far their
+measured ratio is from 1 is printed as the noise of one cell, the floor under the error.
+
 The cost is fitted the way the daemon fits it: the calibration (the setup's off and
 synthetic-acceptance cells of class code, per load) as the prior; for n-gram, which has
 no synthetic acceptance, every n-gram cell of the load (the cost learnt from serving). Each
@@ -77,8 +80,9 @@ def check(profile: dict[str, Any], setup: str, ref: int | None) -> list[dict[str
             for k in lengths:
                 c = cells[(f"k={k}", cls, load)]
                 measured = c["counters"]["tokens"] / c["wall_seconds"] / off_rate
+                drafted = c["counters"]["drafts"] / max(1.0, c["counters"]["tokens"])
                 rows.append({"setup": setup, "load": load, "class": cls, "k": k,
-                             "measured": round(measured, 3),
+                             "measured": round(measured, 3), "drafted": round(drafted, 4),
                              "own": round(speedup(cost, acceptance(c, k), k, fills, extra), 3),
                              "from_ref": round(speedup(cost, ref_acc, k, fills, extra), 3),
                              "ref": ref})
@@ -110,6 +114,14 @@ def main() -> int:
         print(f"{key}: {within} of {len(rows)} within 10 %; worst {worst['setup']} load "
               f"{worst['load']} {worst['class']} n={worst['k']}: {worst[key]:.2f}x predicted, "
               f"{worst['measured']:.2f}x measured")
+    # Cells that (almost) never drafted ran as off did: their measured ratio is the noise
+    # of one cell against another with the same work, the floor under any model's error.
+    null = [r["measured"] for r in rows if r["drafted"] < 0.01]
+    if null:
+        spread = max(abs(m - 1) for m in null)
+        print(f"noise: {len(null)} cells drafted on under 1 % of tokens (the same work as off); "
+              f"their measured ratio spans {min(null):.2f}x..{max(null):.2f}x "
+              f"(up to {spread:.0%} from 1.00x)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

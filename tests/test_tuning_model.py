@@ -53,6 +53,26 @@ def test_serving_one_length_refines_the_cost_without_undoing_the_calibration():
     assert got.step > 0.5 * calibration.step
 
 
+def test_plain_steps_seen_in_numbers_say_what_a_plain_step_costs_without_a_calibration():
+    # At 4 requests running a drafted step costs several plain ones: the guess that stands
+    # in for a calibration averages them, and must not floor the plain step above what
+    # hundreds of plain steps measured.
+    dear = StepCost(plain=0.019, step=0.04, per_draft=0.022, per_accepted=0.0)
+    cells = [interval(dear, 0, 0, 768)] + [interval(dear, k, r * k, int(768 / (1 + r * k)))
+                                           for k in (2, 4, 8, 16) for r in (0.2, 0.8)]
+    got = fit(cells)
+    assert got is not None and got.plain == pytest.approx(dear.plain, rel=0.02)
+
+
+def test_steps_without_a_draft_teach_that_a_class_rarely_drafts():
+    # An n-gram drafter finds no match in prose: hundreds of steps, no draft. The class is
+    # then predicted as off, not as paying for the drafts of the prior's one step in two.
+    never = ClassAcceptance().observe(64, 0, [0.0] * 64, 576, 0)
+    assert never.drafting.mean < 0.01
+    assert class_speedup(TRUE, never, 64, fills_length=False) == pytest.approx(1.0, abs=0.01)
+    assert ClassAcceptance().observe(64, 0, [0.0] * 64, 0, 0) == ClassAcceptance()
+
+
 def test_acceptance_model_recovers_p0_and_rho_from_per_position_counts_at_any_length():
     for k in (2, 8):
         acc = ClassAcceptance().observe(k, 3000, geometric(0.9, 0.8, k, 3000), 3000, 3000 * k)

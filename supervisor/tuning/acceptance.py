@@ -70,8 +70,15 @@ class ClassAcceptance:
     def observe(self, k: int, drafted_steps: float, per_position: Sequence[float],
                 steps: float, draft_tokens: float) -> ClassAcceptance:
         """Add one interval at draft length `k` (`steps`: all its steps, drafted or not)."""
-        if drafted_steps <= 0 or k <= 0:
+        if k <= 0 or (steps <= 0 and drafted_steps <= 0):
             return self
+        if drafted_steps <= 0:
+            # Steps with no draft at all (an n-gram drafter that found no match) say only
+            # that this class rarely drafts: without them a class that never drafts keeps
+            # the prior's one step in two and is predicted to pay for drafts it never makes.
+            d = self.drafting.faded(0.5 ** (steps / HALF_LIFE_STEPS))
+            return ClassAcceptance(self.first, self.onward, Rate(d.hits, d.tries + steps),
+                                   self.draft_fill)
         factor = 0.5 ** (drafted_steps / HALF_LIFE_STEPS)
         pos = [float(per_position[i]) if i < len(per_position) else 0.0 for i in range(k)]
         hits = sum(pos[1:])
