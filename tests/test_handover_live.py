@@ -23,6 +23,10 @@ from tests.conftest import llama_target, wait_for, write_fleet
 
 pytestmark = pytest.mark.live
 
+REPEAT = ("def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n"
+          "def volume(w, h, d):\n    return w * h * d\n\n"
+          "# Repeat the three functions above exactly, then stop.\n")
+
 FAST_TUNING = {"min_tokens": 200, "min_steps": 30, "cooldown": "0s", "max_wait": "1h",
                "reprobe": "1h"}
 
@@ -31,8 +35,9 @@ class Traffic:
     """`clients` threads sending completions through the proxy back to back, each with
     its own prompt (a counter in it), recording every answer's status and its time."""
 
-    def __init__(self, proxy: str, clients: int = 2, model: str = "t") -> None:
-        self.proxy, self.model = proxy, model
+    def __init__(self, proxy: str, clients: int = 2, model: str = "t", repeat: bool = False
+                 ) -> None:
+        self.proxy, self.model, self.repeat = proxy, model, repeat
         self.results: list[tuple[float, int, str]] = []  # (time answered, status, body start)
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
@@ -52,8 +57,11 @@ class Traffic:
         n = 0
         while not self._stop.is_set():
             n += 1
-            body = json.dumps({"model": self.model, "prompt": f"Request {i}-{n}. def area(w, h):\n",
-                               "max_tokens": 24, "temperature": 0}).encode()
+            # `repeat`: text an n-gram drafter finds matches in (code asked to be copied).
+            prompt = f"Request {i}-{n}. " + (REPEAT if self.repeat else "def area(w, h):\n")
+            body = json.dumps({"model": self.model, "prompt": prompt,
+                               "max_tokens": 48 if self.repeat else 24,
+                               "temperature": 0}).encode()
             req = urllib.request.Request(f"{self.proxy}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
             try:
@@ -80,17 +88,16 @@ def replace_steps(daemon) -> list[str]:
     return [e["data"]["replace"] for e in daemon.events("t") if e["kind"] == "replace"]
 
 
-@pytest.mark.skip(reason="rewritten for the model tuner (issue 47), not yet passing live")
 def test_a_retune_under_steady_proxy_traffic_fails_no_request(
         tmp_path, model, llama_server_bin, start_daemon):
     # min_gain 0: any length the model prefers to 4 is a retune.
     target = llama_target(model, llama_server_bin, tuning={**FAST_TUNING, "min_gain": "0%"},
-                          speculation={"method": "ngram", "variant": "simple",
+                          speculation={"method": "ngram", "variant": "mod",
                                        "length": {"start": 4, "min": 2, "max": 16}})
     fleet = write_fleet(tmp_path, {"t": target})
     daemon = start_daemon(fleet)
     first = daemon.wait_state("t", "ready")
-    with Traffic(proxy_of(fleet)) as traffic:
+    with Traffic(proxy_of(fleet), repeat=True) as traffic:
         # max_wait 1 h and a busy server: only a restart that costs no service is applied
         # now. n-gram drafts cannot be calibrated: the first decision comes from what
         # serving shows (another length, or speculation off).
@@ -112,7 +119,7 @@ def test_a_retune_under_steady_proxy_traffic_fails_no_request(
     if new == "off":
         assert "--spec-type" not in cmd
     else:
-        assert cmd[cmd.index("--spec-ngram-simple-size-m") + 1] == new[2:]
+        assert cmd[cmd.index("--spec-ngram-mod-n-max") + 1] == new[2:]
     assert now["restarts_by_reason"]["retune"] >= 1
 
 

@@ -56,7 +56,6 @@ def tuning_events(daemon, name: str) -> list[dict]:
             if e["kind"] == "tuning"]
 
 
-@pytest.mark.skip(reason="rewritten for the model tuner (issue 47), not yet passing live")
 def test_a_self_draft_is_calibrated_predicted_slower_than_no_speculation_and_turned_off(
         tmp_path, model, llama_server_bin, start_daemon):
     target = llama_target(model, llama_server_bin, tuning=dict(FAST_TUNING), speculation={
@@ -89,7 +88,6 @@ def test_a_self_draft_is_calibrated_predicted_slower_than_no_speculation_and_tur
     assert [p.pid for p in servers] == [pid]
 
 
-@pytest.mark.skip(reason="rewritten for the model tuner (issue 47), not yet passing live")
 def test_a_retune_restarts_with_the_new_setting_and_survives_a_daemon_restart(
         tmp_path, model, llama_server_bin, start_daemon):
     # ngram-mod on repeated code: no synthetic acceptance for n-gram drafts, so its cost is
