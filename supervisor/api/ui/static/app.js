@@ -335,11 +335,14 @@ function marksPlugin(marks) {
         const tip = document.getElementById("tip");
         const left = u.cursor.left;
         if (left === null || left < 0) { tip.hidden = true; return; }
-        const near = marks.find((m) => Math.abs(u.valToPos(m.t, "x") - left) < 5);
-        if (!near) { tip.hidden = true; return; }
+        // Every mark under the cursor, the nearest first: events seconds apart (a
+        // calibration and the decision it allowed) draw one line.
+        const dist = (m) => Math.abs(u.valToPos(m.t, "x") - left);
+        const near = marks.filter((m) => dist(m) < 5).sort((a, b) => dist(a) - dist(b));
+        if (!near.length) { tip.hidden = true; return; }
         const rect = u.over.getBoundingClientRect();
-        tip.textContent = `${fmt.time(near.t)} ${near.kind}${near.state ? " → " + near.state : ""}\n${near.reason}` +
-          (near.data ? "\n" + numbers(near.data) : "");
+        tip.textContent = near.map((m) => `${fmt.time(m.t)} ${m.kind}${m.state ? " → " + m.state : ""}\n${m.reason}` +
+          (m.data ? "\n" + numbers(m.data) : "")).join("\n\n");
         tip.style.left = `${Math.min(rect.left + left + 12, window.innerWidth - tip.offsetWidth - 8)}px`;
         tip.style.top = `${rect.top + (u.cursor.top || 0) + 12}px`;
         tip.hidden = false;
