@@ -22,7 +22,8 @@ each strategy on the same draws:
 
 Noise: each (setting, class, load) cell's speed is off by a factor drawn once per seed
 (sd `--cell-noise`, the spread of identical flags measured twice), each answer's by
-another (sd 5 %), each answer's acceptance counts by another (sd 10 %). Loads 2-3
+another (sd 5 %), each answer's rejections by another (sd 10 %: a draft position's share
+rejected is the cell's times it, so text that accepts every draft stays so). Loads 2-3
 interpolate between the measured 1 and 4; above 4 the server's 4 slots are full and the
 rest queue (the load-4 cell). Reports tuned against the best fixed setting in hindsight,
 the share of the headroom to the oracle it takes, restarts per hour and the worst hour,
@@ -152,7 +153,7 @@ def draw(trace: dict[str, Any], seed: int) -> list[dict[str, Any]]:
         mix = seg["mix"]
         classes, weights = list(mix), list(mix.values())
         answers = [Answer(rng.choices(classes, weights)[0], int(trace.get("tokens", 192)),
-                          rng.lognormvariate(0, 0.05), max(0.5, rng.gauss(1, 0.1)))
+                          rng.lognormvariate(0, 0.05), rng.lognormvariate(0, 0.1))
                    for _ in range(int(seg["requests"]))]
         out.append({"clients": int(seg["clients"]), "answers": answers, "mix": mix})
     return out
@@ -177,8 +178,7 @@ class Run:
         c = self.truth.cell(k, a.cls, load)
         b = self.bias.get((k, a.cls, min(4, max(1, load))), 1.0)
         # An answer that accepts more than the cell's mean takes fewer steps.
-        steps = (a.tokens - noisy(a, c)[0]) / max(1e-9, a.tokens * (1 - c.accepted))
-        return a.tokens * c.seconds * b * a.speed_noise * steps
+        return a.tokens * c.seconds * b * a.speed_noise * noisy(a, c)[4]
 
     def restart(self, k: int, segment: int, free: bool = False) -> None:
         if not free:
@@ -280,24 +280,30 @@ def _empty() -> dict[str, Any]:
             "accepted": 0.0, "prompt": 0.0, "per_position": [], "classes": {}}
 
 
-def noisy(a: Answer, c: Cell) -> tuple[float, float, float, list[float]]:
-    """One answer's counters, its acceptance off the cell's by its draw and the rest kept
-    consistent with it (every step yields one token plus what it accepted): accepted,
-    drafted steps, draft tokens, accepted per position; and the factor on its steps."""
+def noisy(a: Answer, c: Cell) -> tuple[float, float, float, list[float], float]:
+    """One answer's counters: accepted, drafted steps, draft tokens, accepted per position,
+    and its steps over the cell's for as many tokens. Its acceptance differs from the
+    cell's on the rejection side: each position's share of drafted steps rejected there is
+    the cell's times the answer's draw, so a class that accepts nearly every draft (code
+    copied) stays near it and one that rejects most (prose) varies most. The share of
+    steps that draft is the cell's; the rest follows (every step yields one token plus
+    what it accepted)."""
     n = a.tokens
-    steps = max(1e-9, n * (1 - c.accepted))  # the cell's steps for n tokens
-    drafted_share = c.drafts * n / steps
-    accepted = min(c.accepted * n * a.acc_noise, 0.95 * n)
-    new_steps = n - accepted
-    drafted = drafted_share * new_steps
-    size = c.draft_tokens / c.drafts if c.drafts else 0.0
-    pos = [min(p * n * a.acc_noise, drafted) for p in c.per_position]
-    return accepted, drafted, drafted * size, pos
+    cell_steps = max(1e-9, n * (1 - c.accepted))
+    if c.drafts <= 0:
+        return 0.0, 0.0, 0.0, [0.0] * len(c.per_position), 1.0
+    share = c.drafts * n / cell_steps  # drafted steps over all steps
+    rates = [min(1.0, max(0.0, 1 - (1 - p / c.drafts) * a.acc_noise)) for p in c.per_position]
+    steps = n / (1 + share * sum(rates))
+    drafted = share * steps
+    size = c.draft_tokens / c.drafts
+    return drafted * sum(rates), drafted, drafted * size, [drafted * r for r in rates], \
+        steps / cell_steps
 
 
 def _add(acc: dict[str, Any], a: Answer, c: Cell, secs: float) -> None:
     n = a.tokens
-    accepted, drafted, draft_tokens, pos = noisy(a, c)
+    accepted, drafted, draft_tokens, pos, _ = noisy(a, c)
     acc["seconds"] += secs
     acc["tokens"] += n
     acc["drafts"] += drafted

@@ -54,3 +54,20 @@ def test_the_same_seed_plays_the_same_day():
     a = trace_sim.simulate(PROFILE, "ngram", SHORT, 3)
     b = trace_sim.simulate(PROFILE, "ngram", SHORT, 3)
     assert a == b
+
+
+def test_an_answers_noise_keeps_text_that_accepts_every_draft_near_its_acceptance():
+    # Copied code accepts ~all of a 16-token draft: an unlucky answer rejects a little
+    # more, it does not fall to accepting 60 % at the first position.
+    truth = trace_sim.Truth(PROFILE, "pair-close")
+    cell = truth.cell(16, "code", 1)
+    for draw in (0.8, 1.0, 1.25):
+        accepted, drafted, _, pos, _ = trace_sim.noisy(
+            trace_sim.Answer("code", 192, 1.0, draw), cell)
+        assert pos[0] / drafted >= 0.95 * cell.per_position[0] / cell.drafts
+        assert accepted == pytest.approx(sum(pos))
+        assert accepted + drafted <= 192 + 1e-9  # every step yields its own token too
+    prose = truth.cell(16, "prose", 1)
+    more = trace_sim.noisy(trace_sim.Answer("prose", 192, 1.0, 1.25), prose)
+    less = trace_sim.noisy(trace_sim.Answer("prose", 192, 1.0, 0.8), prose)
+    assert less[0] > more[0] and less[4] < 1 < more[4]  # more rejected: more steps

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from supervisor.tuning.acceptance import ClassAcceptance, class_of, pooled
@@ -181,3 +183,22 @@ def test_a_class_never_seen_is_expected_to_accept_what_the_classes_seen_accept()
     assert pooled([winning]).accepted(8) > 4 * pooled([losing]).accepted(8)
     assert pooled([losing]).steps == 20  # shrunk: a hint, soon outweighed by its own steps
     assert pooled([]) == ClassAcceptance()
+
+
+def test_a_class_costs_more_per_token_only_where_plain_steps_show_it():
+    # Sampled prose costs more per token than greedy code: seen where the step model is
+    # exact (plain steps, off). Drafted intervals whose cost the fit has not yet split
+    # right must not turn that error into one class's overhead.
+    ctrl = TuningController(lengths=[4], current=OFF)
+    ctrl.calibrated({"1": TRUE})
+    for cls, extra in (("code", 0.0), ("prose", 0.01)):
+        iv = interval(TRUE, 0, 0, 500)
+        ctrl.observe(Observation(replace(iv, seconds=iv.seconds + extra * iv.tokens), OFF, 1,
+                                 (), {cls: iv.tokens}))
+    assert ctrl.overhead("prose") == pytest.approx(0.01, rel=0.05)
+    assert ctrl.overhead("code") == 0.0
+    dear = interval(StepCost(0.04, 0.2, 0.05, 0.0), 4, 3.0, 300)  # far from the calibration
+    ctrl.current = 4
+    ctrl.observe(Observation(dear, 4, 1, geometric(0.9, 0.9, 4, 300), {"chat": dear.tokens}))
+    assert ctrl.overhead("chat") == 0.0
+    assert ctrl.overhead("prose") == pytest.approx(0.01, rel=0.05)

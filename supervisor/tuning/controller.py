@@ -131,7 +131,12 @@ class TuningController:
         total = sum(obs.class_tokens.values())
         main = max(obs.class_tokens, key=lambda c: obs.class_tokens[c]) if total > 0 else None
         pure = main is not None and obs.class_tokens[main] >= PURE * total
-        if pure and (cost := self.cost(bucket)) is not None and cost.plain > 0:
+        # A class's own cost per token is read where the step model is exact, from plain
+        # steps only (off, or an n-gram drafter that found nothing): read beside drafted
+        # steps, any error of the drafted parts became one class's "overhead", which was
+        # taken off the seconds the cost is fitted on, which moved the error further.
+        if pure and iv.drafted_steps <= 0 and (cost := self.cost(bucket)) is not None \
+                and cost.plain > 0:
             self._residual(main, iv, cost)
         # The step costs are the cheapest class's: what the others add per token is theirs.
         extra = sum(self.overhead(c) * n / total for c, n in obs.class_tokens.items()) \
