@@ -231,11 +231,16 @@ def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
     lengths = [k for k in truth.settings if k != OFF]
     # Only the measured lengths can be played: the controller chooses among them.
     ctrl = TuningController(lengths=lengths, current=start, fills_length=truth.fills_length)
-    ctrl.calibrated({bucket: cost for bucket, cells in truth.calibration.items()
-                     if (cost := fit(cells)) is not None}, truth.shaped)
+    full = {bucket: cost for bucket, cells in truth.calibration.items()
+            if (cost := fit(cells)) is not None}
+    # The calibration's off server comes first (a third of it where lengths follow): from
+    # then on the daemon may turn a losing setting off (AutoTuner.plain_calibrated).
+    plain = {bucket: cost for bucket, cells in truth.calibration.items()
+             if (cost := fit([c for c in cells if not c.speculating])) is not None}
     decisions: list[dict[str, Any]] = []
     pending = None
     calibrating = truth.calibration_seconds  # busy seconds until its calibration is in
+    stage = "none"
     run.busy += truth.calibration_seconds / 2
     for si, seg in enumerate(day):
         if "idle" in seg:
@@ -263,11 +268,18 @@ def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
             run.clock += secs
             calibrating -= secs
             if acc["seconds"] >= interval:
+                if stage != "full" and calibrating <= 0:
+                    ctrl.calibrated(full, truth.shaped)
+                    stage = "full"
+                elif stage == "none" and truth.shaped and \
+                        calibrating <= truth.calibration_seconds * 2 / 3:
+                    ctrl.calibrated(plain, shaped=False)
+                    stage = "plain"
                 ctrl.observe(_observation(acc, k, load))
                 acc = _empty()
-                if calibrating > 0:
+                if stage == "none":
                     continue
-                d = ctrl.decide(switch_cost=truth.ready[k])
+                d = ctrl.decide(switch_cost=truth.ready[k], only_off=stage == "plain")
                 if d is not None and d.action != KEEP:
                     pending = d
         if acc["seconds"] > 0:

@@ -77,6 +77,29 @@ def test_no_decision_before_the_calibration_then_the_model_decides(tmp_path):
     assert reason is not None and tuner.last is not None and tuner.last.setting > 4
 
 
+def test_once_the_plain_step_is_measured_a_losing_setting_is_turned_off_before_the_rest(
+        tmp_path):
+    tuner, events = make(tmp_path)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    plain = {"costs": {"1": StepCost(DEAR.plain, DEAR.plain, DEAR.plain / 2, 0).to_dict()},
+             "lengths": [], "intervals": 6}
+    tuner.plain_calibrated(plain)
+    assert tuner.needs_calibration and "only decision is speculation off" in events[-1][1]
+    c = Counters(DEAR)
+    said = [r for _ in range(60) if (r := tuner.observe(c.serve(4, 0.98, 200, busy=0)))]
+    assert len(said) == 1 and "below off" in said[0]
+    # A setting that wins is kept until the drafted steps are measured too.
+    (tmp_path / "b").mkdir()
+    tuner, _ = make(tmp_path / "b")
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.plain_calibrated({**plain, "costs": {"1": StepCost(
+        CHEAP.plain, CHEAP.plain, CHEAP.plain / 2, 0).to_dict()}})
+    c = Counters(CHEAP)
+    assert all(tuner.observe(c.serve(4, 0.95, 200, busy=0)) is None for _ in range(20))
+    calibrate(tuner, CHEAP)
+    assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is not None  # now another length
+
+
 def test_a_decision_waits_for_an_idle_server_then_is_applied_and_persisted(tmp_path):
     tuner, events = make(tmp_path, max_wait=3600)
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))

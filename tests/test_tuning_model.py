@@ -202,3 +202,28 @@ def test_a_class_costs_more_per_token_only_where_plain_steps_show_it():
     ctrl.observe(Observation(dear, 4, 1, geometric(0.9, 0.9, 4, 300), {"chat": dear.tokens}))
     assert ctrl.overhead("chat") == 0.0
     assert ctrl.overhead("prose") == pytest.approx(0.01, rel=0.05)
+
+
+def test_before_the_drafted_steps_are_calibrated_the_only_decision_is_off():
+    # The calibration's plain step is in, its drafted steps not: the running setting's
+    # cost is what it served, any other length's a guess. A setting that loses is turned
+    # off; one that wins is kept, whatever the guess says of other lengths.
+    plain_only = fit([interval(TRUE, 0, 0, 500)])
+    assert plain_only is not None
+
+    def serve(k: int, p0: float, rho: float) -> TuningController:
+        ctrl = TuningController(lengths=[2, 4, 8, 16], current=k)
+        ctrl.calibrated({"1": plain_only}, shaped=False)
+        for _ in range(12):
+            pos = geometric(p0, rho, k, 200)
+            iv = interval(TRUE, k, sum(pos) / 200, 200)
+            ctrl.observe(Observation(iv, k, 1, pos, {"code": iv.tokens}))
+        return ctrl
+
+    losing = serve(8, 0.2, 0.3).decide(switch_cost=5.0, only_off=True)
+    assert losing is not None and (losing.action, losing.setting) == (SWITCH, OFF)
+    assert set(losing.data["predicted"]) == {"off", "n=8"}
+    winning = serve(4, 0.95, 0.95)
+    assert winning.decide(switch_cost=5.0, only_off=True).action == KEEP
+    # Without the restriction the same evidence may move it to another length.
+    assert winning.decide(switch_cost=5.0).setting != OFF

@@ -302,7 +302,6 @@ def daemon_for(tmp_path, vllm_python, vllm_model) -> Iterator:
     assert_none_left(tmp_path)
 
 
-@pytest.mark.skip(reason="rewritten for the model tuner (issue 47), not yet passing live")
 def test_a_retune_restarts_vllm_with_the_new_length_and_the_counters_prove_it(
         daemon_for, vllm_python, vllm_model):
     # n-gram drafting on code that repeats its prompt pays several-fold on this CPU
@@ -365,7 +364,6 @@ def test_a_retune_restarts_vllm_with_the_new_length_and_the_counters_prove_it(
     assert per_step > 5 if expected > 5 else per_step <= expected < 5
 
 
-@pytest.mark.skip(reason="rewritten for the model tuner (issue 47), not yet passing live")
 def test_a_self_draft_on_vllm_is_predicted_from_its_calibrated_plain_step(
         daemon_for, vllm_python, vllm_model):
     # What a self-draft gives on vLLM's CPU runner depends on the machine (1.01-1.02x on a

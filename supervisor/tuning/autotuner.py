@@ -77,6 +77,7 @@ class AutoTuner:
         self._unsaved = 0
         self._cold_tokens = 0  # tokens a learning drafter still serves unjudged
         self._uncalibrated: str | None = None  # why no calibration can run
+        self._interim = False  # the calibration's plain step is in, its drafted steps not
         self._checked = 0  # the controller's prediction checks already said in an event
 
     @property
@@ -134,6 +135,18 @@ class AutoTuner:
         """No calibration can run (no room beside the server): decide without one."""
         self._uncalibrated = why
         self.emit("tuning", why)
+
+    def plain_calibrated(self, result: Mapping[str, Any]) -> None:
+        """The calibration's plain step, measured before its drafted steps: enough to see
+        that what serves now loses to off (the served intervals say what the running
+        setting costs), so until the rest is in, the only decision is off."""
+        costs = _costs(result)
+        self.controller.calibrated(costs, shaped=False)
+        self._interim = True
+        ms = round(costs[min(costs)].plain * 1e3, 1)
+        self.emit("tuning", f"calibrating: a plain step {ms} ms; until the drafted steps are "
+                  "measured the only decision is speculation off, if the running setting "
+                  "loses to it")
 
     def calibrated(self, result: Mapping[str, Any]) -> None:
         """A calibration's result (supervision/calibration.Calibration.to_dict)."""
@@ -208,8 +221,9 @@ class AutoTuner:
                       f"{check['predicted']:.2f}x this mix, measured {check['measured']:.2f}x",
                       check=check)
         self._checked = len(self.controller.checks)
-        if self._pending is None and not self.needs_calibration:
-            decision = self.controller.decide(self.switch_cost())
+        if self._pending is None and (self._interim or not self.needs_calibration):
+            decision = self.controller.decide(self.switch_cost(),
+                                              only_off=self.needs_calibration)
             if decision is not None:
                 self.last = decision
                 if decision.action != KEEP:

@@ -254,9 +254,12 @@ class TuningController:
         return any(self.classes.get(c, ClassAcceptance()).steps < self.min_steps
                    for c, s in shares.items() if s >= 0.2)
 
-    def decide(self, switch_cost: float) -> Decision | None:
+    def decide(self, switch_cost: float, only_off: bool = False) -> Decision | None:
         """The rule's decision now; None while the model cannot predict (no cost measured,
-        no traffic seen) or the setting has just changed and shows too little yet."""
+        no traffic seen) or the setting has just changed and shows too little yet.
+        `only_off`: the drafted steps' cost is not calibrated yet, so another length's
+        prediction is a guess; turning a losing setting off is not (it rests on what the
+        running setting served and the plain step)."""
         if self.current != OFF and self.since_switch["drafted"] < MIN_EVIDENCE_STEPS \
                 and self.since_switch["tokens"] < CHECK_TOKENS:
             return None
@@ -265,8 +268,13 @@ class TuningController:
             return None
         # A class explored once is not explored again: what it showed is its acceptance.
         unknown = self.unknown() and self.main_class() not in self.explored
+        if only_off:  # the running setting against off: the two that rest on measurement
+            preds = {k: p for k, p in preds.items() if k in (OFF, self.current)}
         d = decide(preds, self.current, self.remaining(), switch_cost, self.min_gain, unknown)
         d.data["mix"] = {c: round(s, 3) for c, s in self.shares().items()}
+        if only_off and d.setting != OFF:
+            return Decision(KEEP, self.current, "waiting for the calibration's drafted steps",
+                            data=d.data)
         return d
 
     def switched(self, decision: Decision) -> None:
