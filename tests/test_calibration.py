@@ -107,3 +107,24 @@ def test_specfleet_calibrate_measures_a_real_server_and_keeps_the_cost(
     left = [p for p in psutil.process_iter(["cmdline"])
             if p.pid not in before and llama_server_bin in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+async def test_a_calibration_cancelled_then_stopped_finishes_stopping_its_server():
+    # The owner cancels a calibration when its target stops serving, then awaits its stop
+    # as the daemon ends: the second call must wait for the server's stop, not cut it.
+    calibrating = Calibrating(lambda *a, **k: None)
+    stopped = asyncio.Event()
+
+    async def calibration() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.2)  # SIGTERM sent, waiting for the server to exit
+            stopped.set()
+
+    calibrating._task = asyncio.create_task(calibration())
+    await asyncio.sleep(0)
+    calibrating.cancel()
+    await asyncio.sleep(0.05)
+    await calibrating.stop()
+    assert stopped.is_set()

@@ -237,13 +237,16 @@ class Calibrating:
         """End a calibration under way now that its target does not serve (unloaded,
         stopping, failed): its server is stopped with its process group as the task ends;
         it starts again once the target serves."""
-        if self._task is not None and not self._task.done():
+        # Once only: a second cancel would land inside the server's stop (the task's
+        # `finally`) and abandon it between SIGTERM and the wait, leaving the server's
+        # process tree running past the daemon (seen with vLLM).
+        if self._task is not None and not self._task.done() and not self._task.cancelling():
             self._task.cancel()
 
     async def stop(self) -> None:
-        """Stop a calibration under way (its server is stopped with its process group)."""
+        """Stop a calibration under way and wait until its server has stopped."""
         if self._task is not None and not self._task.done():
-            self._task.cancel()
+            self.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
