@@ -288,6 +288,9 @@ def main() -> int:
     ap.add_argument("--without", default="defaults,rule", help="strategies left out "
                     "(defaults,rule: the runtime's defaults and the rule of thumb; give '' to "
                     "run them too)")
+    ap.add_argument("--sweep", help="the fixed settings instead of the case's own, e.g. "
+                    "'off,16' (off and the lengths that can be best on its phases); the "
+                    "last one gets the twin")
     ap.add_argument("--out", default="tuner_phases.json", help="a file name under results/")
     args = ap.parse_args()
     binary = str(provision.cached_llama_server() or provision.build_llama_server())
@@ -299,6 +302,8 @@ def main() -> int:
                    # new ones); then llama-server exits on SIGTERM at once.
                    "restart": {"stop_grace": "30s"}}
     n, mt = args.requests, args.max_tokens
+    sweep = [None if x == "off" else int(x) for x in args.sweep.split(",")] \
+        if args.sweep else None
     out: dict[str, Any] = {"requests_per_phase": n, "max_tokens": mt, "phases": PHASES,
                            "machine": f"{os.cpu_count()} CPUs, {cpu_model()}", "interleaved": True,
                            "cases": {}}
@@ -320,7 +325,7 @@ def main() -> int:
             base = {**base_target, "model": str(pair_paths()["target"])} if case == "pair" \
                 else base_target
             out["cases"][case] = run_case(Path(tmp) / case, base, spec, phases,
-                                          SWEEPS[case], TUNED_EXTRA[case], n, mt,
+                                          sweep or SWEEPS[case], TUNED_EXTRA[case], n, mt,
                                           frozenset(filter(None, args.without.split(","))))
             out["cases"][case]["phases"] = phases
             print(report({"cases": {case: out["cases"][case]}}), file=sys.stderr, flush=True)

@@ -138,6 +138,17 @@ def ready_after_start(daemon: DaemonProcess, name: str, timeout: float = 600) ->
     return t
 
 
+def calibrated(daemon: DaemonProcess, name: str, timeout: float = 600) -> None:
+    """Wait, with no traffic, for the tuner's calibration beside the server. vLLM's CPU
+    worker pins its threads: a second one started beside a server kept busy on 2 cores
+    took over 6 minutes to load (it loads in about 60 s beside an idle one)."""
+    started = time.monotonic()
+    wait_for(lambda: any(e["reason"].startswith("calibrated: a plain step")
+                         for e in tuning_events(daemon, name)), timeout, "the calibration")
+    print(f"[vllm] {name} calibrated {time.monotonic() - started:.0f} s after ready",
+          file=sys.stderr)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, vllm_python, vllm_model) -> Iterator[tuple[DaemonProcess, Path]]:
     """One daemon with one vLLM n-gram target (tuning off: nothing restarts it by itself)."""
@@ -312,6 +323,7 @@ def test_a_retune_restarts_vllm_with_the_new_length_and_the_counters_prove_it(
         vllm_model, vllm_python, tuning={**FAST_TUNING, "min_gain": "0%"},
         speculation={"method": "ngram", "length": {"start": 5, "min": 2, "max": 12}})})
     ready_after_start(daemon, "coder")
+    calibrated(daemon, "coder")
 
     def moved() -> dict | None:
         return next((e for e in tuning_events(daemon, "coder")
@@ -376,6 +388,7 @@ def test_a_self_draft_on_vllm_is_predicted_from_its_calibrated_plain_step(
         speculation={"method": "draft", "draft": vllm_model,
                      "length": {"start": 4, "min": 1, "max": 8}})})
     first = ready_after_start(daemon, "selfdraft")
+    calibrated(daemon, "selfdraft")
     cmd = psutil.Process(first["pid"]).cmdline()
     assert "--disable-hybrid-kv-cache-manager" in cmd  # Gemma 3 with a draft needs it
     assert spec_config(first["pid"])["method"] == "draft_model"

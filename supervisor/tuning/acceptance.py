@@ -43,7 +43,8 @@ class Rate:
 
     @property
     def mean(self) -> float:
-        return (self.hits + 1.0) / (self.tries + 2.0)
+        # Hits and tries may come from different intervals (below): never above 1.
+        return min(1.0, (self.hits + 1.0) / (self.tries + 2.0))
 
     def bound(self, z: float) -> float:
         """The mean `z` standard errors away (negative z: below), within [0, 1]."""
@@ -72,23 +73,25 @@ class ClassAcceptance:
         """Add one interval at draft length `k` (`steps`: all its steps, drafted or not)."""
         if k <= 0 or (steps <= 0 and drafted_steps <= 0):
             return self
+        # The share of steps that draft, over all steps, intervals with no draft included
+        # (an n-gram drafter that found no match: without them a class that never drafts
+        # keeps the prior's one step in two and pays for drafts it never makes). Summed
+        # over intervals, not clipped per interval: vLLM moves its draft counters and its
+        # token counter at different moments, so one scrape may show the drafts and the
+        # next the tokens they made.
+        d = self.drafting.faded(0.5 ** (max(steps, 0.0) / HALF_LIFE_STEPS))
+        drafting = Rate(d.hits + max(drafted_steps, 0.0), d.tries + max(steps, 0.0))
         if drafted_steps <= 0:
-            # Steps with no draft at all (an n-gram drafter that found no match) say only
-            # that this class rarely drafts: without them a class that never drafts keeps
-            # the prior's one step in two and is predicted to pay for drafts it never makes.
-            d = self.drafting.faded(0.5 ** (steps / HALF_LIFE_STEPS))
-            return ClassAcceptance(self.first, self.onward, Rate(d.hits, d.tries + steps),
-                                   self.draft_fill)
+            return ClassAcceptance(self.first, self.onward, drafting, self.draft_fill)
         factor = 0.5 ** (drafted_steps / HALF_LIFE_STEPS)
         pos = [float(per_position[i]) if i < len(per_position) else 0.0 for i in range(k)]
         hits = sum(pos[1:])
         tries = sum(pos[:-1])
-        f, o, d, fill = (r.faded(factor) for r in (self.first, self.onward, self.drafting,
-                                                   self.draft_fill))
+        f, o, fill = (r.faded(factor) for r in (self.first, self.onward, self.draft_fill))
         return ClassAcceptance(
             Rate(f.hits + pos[0], f.tries + drafted_steps),
             Rate(o.hits + hits, o.tries + tries),
-            Rate(d.hits + drafted_steps, d.tries + max(steps, drafted_steps)),
+            drafting,
             Rate(fill.hits + draft_tokens, fill.tries + k * drafted_steps))
 
     def accepted(self, k: int, z: float = 0.0) -> float:

@@ -27,7 +27,7 @@ from supervisor.tuning.load import LoadWindows
 from supervisor.tuning.prediction import OFF
 from supervisor.tuning.rule import KEEP, Decision, describe
 from supervisor.tuning.store import TunerMemory, TuningStore, fingerprint, runtime_key
-from supervisor.tuning.window import AcceptanceWindow, WindowStats
+from supervisor.tuning.window import AcceptanceWindow, Delta, WindowStats, merged
 
 EventSink = Callable[..., None]  # (kind, reason, **data)
 UNCLASSIFIED = "unclassified"  # tokens of requests that did not pass through the proxy
@@ -78,6 +78,8 @@ class AutoTuner:
         self._cold_tokens = 0  # tokens a learning drafter still serves unjudged
         self._uncalibrated: str | None = None  # why no calibration can run
         self._interim = False  # the calibration's plain step is in, its drafted steps not
+        self._carry: Delta | None = None  # counted since the busy seconds last moved
+        self._carry_classes: dict[str, float] = {}
         self._checked = 0  # the controller's prediction checks already said in an event
 
     @property
@@ -172,6 +174,7 @@ class AutoTuner:
     def runtime_started(self, info: RuntimeInfo) -> None:
         """A server (re)started: the files and build a step's cost belongs to."""
         self.by_load.last_read = None  # the time it was down is no load
+        self._carry, self._carry_classes = None, {}  # the old server's counts
         self.features = info.features
         # A drafter that learns across requests starts empty: until it has served
         # min_tokens, it accepts less than the setting will once warm.
@@ -196,13 +199,26 @@ class AutoTuner:
         now = time.time()
         delta = self.window.observe(sample, now)
         self.by_load.read(now, sample.requests_processing, delta, proxy_peak, proxy_busy or {})
-        if not self.active or self.sharing_cores or delta is None or delta.tokens <= 0:
+        if not self.active or self.sharing_cores or delta is None:
+            if self.sharing_cores:
+                self._carry, self._carry_classes = None, {}
             return self._due(sample)
         if self._cold_tokens > 0:
             self._cold_tokens -= delta.tokens
             self.window.clear()
             self.by_load.clear()
             return self._due(sample)
+        # One interval of evidence ends where the busy seconds moved: runtimes add a
+        # request's seconds when it ends (vLLM's decode time, llama.cpp's per-request
+        # clock) while its tokens and drafts count as they come; split elsewhere, one
+        # interval held drafts without their tokens and the next tokens without drafts.
+        delta = merged(self._carry, delta)
+        for c, n in (proxy_classes or {}).items():
+            self._carry_classes[c] = self._carry_classes.get(c, 0.0) + n
+        if delta.seconds <= 0 or delta.tokens <= 0:
+            self._carry = delta
+            return self._due(sample)
+        self._carry, proxy_classes, self._carry_classes = None, self._carry_classes, {}
         setting = self.controller.current
         classes = {c: float(n) for c, n in (proxy_classes or {}).items() if n > 0} \
             or {UNCLASSIFIED: float(delta.tokens)}

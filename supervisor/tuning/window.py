@@ -103,6 +103,15 @@ def is_reset(previous: MetricsSample, current: MetricsSample) -> bool:
             or current.accepted_tokens < previous.accepted_tokens)
 
 
+def merged(a: Delta | None, b: Delta) -> Delta:
+    """`b` with what `a` (the scrapes before it) counted added."""
+    if a is None:
+        return b
+    return Delta(b.time, a.drafts + b.drafts, a.draft_tokens + b.draft_tokens,
+                 a.accepted + b.accepted, _minus(a.per_position, tuple(-x for x in b.per_position)),
+                 a.tokens + b.tokens, a.seconds + b.seconds)
+
+
 def delta_between(previous: MetricsSample | None, current: MetricsSample, now: float) -> Delta:
     base = MetricsSample() if previous is None or is_reset(previous, current) else previous
     return Delta(
