@@ -316,18 +316,21 @@ def daemon_for(tmp_path, vllm_python, vllm_model) -> Iterator:
 def test_a_retune_restarts_vllm_with_the_new_length_and_the_counters_prove_it(
         daemon_for, vllm_python, vllm_model):
     # n-gram drafting on code that repeats its prompt pays several-fold on this CPU
-    # (24.7 tok/s off, 89.8 at length 5), so the tuner's first decision that moves is a
-    # new length (or, on a bad day, off): either way vLLM must restart with it. Before it,
-    # the plain step is calibrated beside the server (vLLM cannot force an acceptance).
+    # (24.7 tok/s off, 89.8 at length 5). Started at 2, a longer length is predicted to
+    # save a third of the busy time, which pays an in-place restart of vLLM (about a
+    # minute) within minutes of this traffic: the tuner's first decision that moves is a
+    # new length (or, on a bad day, off); either way vLLM must restart with it. (From 5,
+    # 12 was predicted +8 %: not worth a minute's restart for the mix seen so far.) Before
+    # it, the plain step is calibrated beside the server (vLLM cannot force an acceptance).
     daemon = daemon_for({"coder": vllm_target(
         vllm_model, vllm_python, tuning={**FAST_TUNING, "min_gain": "0%"},
-        speculation={"method": "ngram", "length": {"start": 5, "min": 2, "max": 12}})})
+        speculation={"method": "ngram", "length": {"start": 2, "min": 2, "max": 12}})})
     ready_after_start(daemon, "coder")
     calibrated(daemon, "coder")
 
     def moved() -> dict | None:
         return next((e for e in tuning_events(daemon, "coder")
-                     if e["data"].get("new") not in (None, "n=5")), None)
+                     if e["data"].get("new") not in (None, "n=2")), None)
 
     drive(daemon, "coder", moved, CODE, limit=200)
 
@@ -373,7 +376,7 @@ def test_a_retune_restarts_vllm_with_the_new_length_and_the_counters_prove_it(
     # proposes up to that many tokens per step (fewer only where a request ends).
     assert after["positions"] == expected
     assert drafts > 0 and per_step <= expected
-    assert per_step > 5 if expected > 5 else per_step <= expected < 5
+    assert per_step > 5 if expected > 5 else per_step <= expected
 
 
 def test_a_self_draft_on_vllm_is_predicted_from_its_calibrated_plain_step(
