@@ -90,7 +90,8 @@ class Speculation(_Strict):
         default=None, description=(
             "N-gram variants the tuner may switch between (method `ngram`, runtimes that have "
             "variants: llama.cpp); `auto`: every variant whose length it can tune; unset: only "
-            "`variant`. Each is measured at its tuned length, the best is kept."))
+            "`variant`. Checked, but not acted on yet: the model tuner tunes the length of "
+            "`variant` only (docs/tuning.md, \"What is gone, and why\")."))
     draft: str | None = Field(default=None, description=(
         "Draft model or head file: required for `draft`, `eagle`, `eagle3` and `dflash`, "
         "optional for `mtp`, refused for `ngram` and `suffix`."))
