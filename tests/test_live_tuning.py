@@ -85,7 +85,10 @@ def test_a_self_draft_is_calibrated_predicted_slower_than_no_speculation_and_tur
     pid = daemon.wait_state("selfdraft", "ready")["pid"]
     assert "--spec-type" not in psutil.Process(pid).cmdline()
     assert daemon.target("selfdraft")["speculation"]["enabled"] is False
-    # The calibration's servers are gone: only the serving one is left.
+    # The calibration goes on after that (another class may gain from a length); once it
+    # is in, its servers are gone: only the serving one is left.
+    wait_for(lambda: any(e["reason"].startswith("calibrated: a plain step")
+                         for e in tuning_events(daemon, "selfdraft")), 600, "the calibration")
     servers = [p for p in psutil.process_iter(["cmdline"])
                if llama_server_bin in " ".join(p.info["cmdline"] or [])]
     assert [p.pid for p in servers] == [pid]
