@@ -169,6 +169,18 @@ def test_a_changed_model_or_runtime_drops_the_cost_and_calibrates_again(tmp_path
     assert events[-1][1].startswith("model file or runtime changed")
 
 
+def test_a_plain_step_measured_for_other_files_allows_no_decision(tmp_path):
+    tuner, _ = make(tmp_path)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.plain_calibrated({"costs": {"1": StepCost(
+        DEAR.plain, DEAR.plain, DEAR.plain / 2, 0).to_dict()}, "lengths": [], "intervals": 6})
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v2"))  # another build: measure again
+    c = Counters(DEAR)
+    assert all(tuner.observe(c.serve(4, 0.98, 200, busy=0, start=2.0)) is None
+               for _ in range(60))
+    assert tuner.last is None
+
+
 def test_a_daemon_restart_keeps_the_setting_the_calibration_and_what_was_learnt(tmp_path):
     tuner, _ = make(tmp_path)
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))

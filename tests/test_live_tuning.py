@@ -74,8 +74,9 @@ def test_a_self_draft_is_calibrated_predicted_slower_than_no_speculation_and_tur
     off = next(i for i, e in enumerate(events) if e["data"].get("new") == "off")
     assert measured < off, said  # no decision before the cost was measured
     predicted = events[off]["data"]["predicted"]
-    # A draft as large as the target: every length predicted slower than off, although
-    # the draft is accepted almost always.
+    # A draft as large as the target: every setting the decision weighed (the running
+    # length, before the lengths are calibrated; every length after) predicted slower than
+    # off, although the draft is accepted almost always.
     assert all(p["mid"] < 1.0 for name, p in predicted.items() if name != "off"), predicted
     assert "below off" in events[off]["reason"]
 

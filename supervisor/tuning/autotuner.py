@@ -186,6 +186,7 @@ class AutoTuner:
             self.emit("tuning", "model file or runtime changed: the cost of a step will be "
                       "measured again", old_key=self.memory.runtime_key, new_key=key)
         self.controller.costs = {}
+        self._interim = False  # a plain step measured for the old files says nothing now
         self._remember(replace(self.memory, runtime_key=key, calibration=None,
                                learnt=self.controller.state()))
 
@@ -214,14 +215,14 @@ class AutoTuner:
         # interval held drafts without their tokens and the next tokens without drafts.
         delta = merged(self._carry, delta)
         for c, n in (proxy_classes or {}).items():
-            self._carry_classes[c] = self._carry_classes.get(c, 0.0) + n
+            if n > 0:
+                self._carry_classes[c] = self._carry_classes.get(c, 0.0) + float(n)
         if delta.seconds <= 0 or delta.tokens <= 0:
             self._carry = delta
             return self._due(sample)
-        self._carry, proxy_classes, self._carry_classes = None, self._carry_classes, {}
+        classes = self._carry_classes or {UNCLASSIFIED: float(delta.tokens)}
+        self._carry, self._carry_classes = None, {}
         setting = self.controller.current
-        classes = {c: float(n) for c, n in (proxy_classes or {}).items() if n > 0} \
-            or {UNCLASSIFIED: float(delta.tokens)}
         self.controller.observe(Observation(
             Interval(delta.seconds, delta.tokens, delta.drafts, delta.draft_tokens,
                      delta.accepted, speculating=setting != OFF),

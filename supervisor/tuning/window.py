@@ -95,6 +95,10 @@ def _minus(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(x - y for x, y in zip(a, b, strict=True))
 
 
+def _plus(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return _minus(a, tuple(-x for x in b))
+
+
 def is_reset(previous: MetricsSample, current: MetricsSample) -> bool:
     if (previous.process_start is not None and current.process_start is not None
             and previous.process_start != current.process_start):
@@ -108,7 +112,7 @@ def merged(a: Delta | None, b: Delta) -> Delta:
     if a is None:
         return b
     return Delta(b.time, a.drafts + b.drafts, a.draft_tokens + b.draft_tokens,
-                 a.accepted + b.accepted, _minus(a.per_position, tuple(-x for x in b.per_position)),
+                 a.accepted + b.accepted, _plus(a.per_position, b.per_position),
                  a.tokens + b.tokens, a.seconds + b.seconds)
 
 
@@ -162,7 +166,7 @@ class AcceptanceWindow:
         drafts = sum(d.drafts for d in self._deltas)
         per_pos: tuple[int, ...] = ()
         for d in self._deltas:
-            per_pos = _minus(per_pos, tuple(-x for x in d.per_position))
+            per_pos = _plus(per_pos, d.per_position)
         return WindowStats(
             drafts=drafts, draft_tokens=sum(d.draft_tokens for d in self._deltas),
             accepted=sum(d.accepted for d in self._deltas),
