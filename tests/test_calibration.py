@@ -15,7 +15,7 @@ import pytest
 from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import RuntimeInfo
-from supervisor.supervision.calibration import Calibrating, lengths_for
+from supervisor.supervision.calibration import Calibrating, Calibrator, lengths_for
 from supervisor.tuning.autotuner import AutoTuner
 from tests.conftest import llama_target, write_fleet
 
@@ -128,3 +128,31 @@ async def test_a_calibration_cancelled_then_stopped_finishes_stopping_its_server
     await asyncio.sleep(0.05)
     await calibrating.stop()
     assert stopped.is_set()
+
+
+@pytest.mark.live
+async def test_beside_a_serving_server_the_calibration_gives_way_and_measures_again(
+        tmp_path, model, llama_server_bin):
+    # n-gram: the plain step only, one calibration server. The serving server's work mark
+    # changes during the first two completions: both are measured again.
+    target = Target.model_validate({**llama_target(model, llama_server_bin), "name": "t",
+                                    "speculation": {"method": "ngram"}})
+    servers: dict[int, tuple[list[str], int]] = {}
+    marks = iter(range(4))  # a fresh mark at each end of the first two completions
+
+    def serving() -> object:
+        # Called around each completion, while the calibration's server runs.
+        for p in psutil.Process().children():
+            if llama_server_bin in " ".join(p.cmdline()):
+                servers[p.pid] = (p.cmdline(), p.nice())
+        return next(marks, "quiet")
+
+    calibrator = Calibrator(target, LlamaCppBackend, tmp_path, completions=2, tokens=8,
+                            serving=serving)
+    result = await calibrator.run((2, 16))
+    assert calibrator.remeasured == 2
+    assert result.intervals == 3  # two at one request, one round at four: as if alone
+    assert result.costs["1"].plain > 0
+    ((argv, nice),) = servers.values()
+    # At the lowest priority, its threads sleeping while they wait (the last --poll wins).
+    assert argv[-2:] == ["--poll", "0"] and nice == 19

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -76,6 +77,28 @@ async def test_environment_and_files_reach_the_child(tmp_path):
     await child.wait()
     assert child.output_tail() == "hello\nFROM x"
 
+
+
+async def test_a_background_child_and_its_threads_run_at_the_lowest_priority(tmp_path):
+    # A thread started after exec inherits the nice set before it; the child's session
+    # (its own autogroup) is lowered too where the kernel has autogroups.
+    spec = LaunchSpec((sys.executable, "-c", "import threading, time; "
+                       "threading.Thread(target=time.sleep, args=(30,)).start(); "
+                       "time.sleep(30)"))
+    lx = launcher(tmp_path)
+    child = await lx.start("calibration", spec, background=True)
+    plain = await lx.start("serving", LaunchSpec(("sleep", "30")))
+    try:
+        proc = psutil.Process(child.pid)
+        wait_for(lambda: proc.num_threads() == 2, 10, "the child's second thread")
+        assert {psutil.Process(t.id).nice() for t in proc.threads()} == {19}
+        assert psutil.Process(plain.pid).nice() == psutil.Process().nice()
+        autogroup = f"/proc/{child.pid}/autogroup"
+        if Path(autogroup).exists():
+            assert Path(autogroup).read_text().split()[-2:] == ["nice", "19"]
+    finally:
+        await child.stop(1)
+        await plain.stop(1)
 
 DAEMON_STANDIN = """
 import asyncio, sys

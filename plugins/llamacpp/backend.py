@@ -199,6 +199,12 @@ class LlamaCppBackend(Backend):
         rates = ",".join([f"{rate:g}"] * draft_length)
         return dataclasses.replace(spec, argv=(*spec.argv, "--spec-synth-rates", rates))
 
+    def in_background(self, spec: LaunchSpec) -> LaunchSpec:
+        # --poll 0: ggml's worker threads wait on a condition variable, not in a spin loop
+        # (default 50). Two servers spinning on the same cores stall each other: each
+        # thread spins through its time slice waiting for a sibling that is not running.
+        return dataclasses.replace(spec, argv=(*spec.argv, "--poll", "0"))
+
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
         async with http.get(f"{self.base_url}/health") as resp:
             body = await resp.text()

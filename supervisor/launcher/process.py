@@ -43,6 +43,22 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+# The lowest CPU priority: a background server (the tuner's calibration) takes only the
+# cycles the serving servers leave.
+BACKGROUND_NICE = 19
+
+
+def give_way(pid: int) -> None:
+    """Lower `pid`'s session below every other on the CPU. With autogroup scheduling (the
+    Linux default on desktops and most servers) a nice value ranks threads only within
+    their session, and each child here has its own (start_new_session): the session's
+    autogroup gets the nice too, else a niced server still gets half the cores beside a
+    serving one (measured: benchmarks/calibration_beside.py). Best effort: a kernel without
+    autogroup has no such file."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{BACKGROUND_NICE}\n")
+
+
 class ChildProcess(TargetProcess):
     def __init__(self, proc: asyncio.subprocess.Process, log: OutputLog,
                  registry: ChildRegistry, name: str,
@@ -126,11 +142,20 @@ class ProcessLauncher(Launcher):
         return self.log_dir / f"{name}.log"
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
-                    on_line: Callable[[str], None] | None = None) -> ChildProcess:
+                    on_line: Callable[[str], None] | None = None,
+                    background: bool = False) -> ChildProcess:
+        """`background`: at the lowest CPU priority (give_way), for a server nothing is
+        routed to that must not slow the serving ones."""
         spec.write_files()
         log = OutputLog(self.log_path(name), self.max_bytes, self.backups)
         log.write(f"--- specfleet: starting {spec.shell_line()} ---", keep=False)
         parent = os.getpid()
+
+        def in_child() -> None:
+            die_with_parent(parent)
+            if background:  # before exec: every thread the runtime starts inherits it
+                os.nice(BACKGROUND_NICE)
+
         try:
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv,
@@ -140,11 +165,13 @@ class ProcessLauncher(Launcher):
                 env={**os.environ, **spec.env},
                 cwd=spec.cwd,
                 start_new_session=True,  # own session and process group
-                preexec_fn=lambda: die_with_parent(parent),
+                preexec_fn=in_child,
             )
         except OSError:
             log.close()
             raise
+        if background:
+            give_way(proc.pid)
         self.children.add(name, proc.pid)
         return ChildProcess(proc, log, self.children, name, on_line)
 

@@ -163,6 +163,13 @@ class Backend:
         runtime cannot: then the cost of a drafted step is learnt from serving only."""
         return None
 
+    def in_background(self, spec: LaunchSpec) -> LaunchSpec:
+        """`spec` for a server that shares the cores with a serving one and must give way to
+        it (the tuner's calibration): its threads sleep while they wait for work instead of
+        spinning, where the runtime spins (a spinning server beside a serving one on a CPU
+        slowed the serving one 60-fold: benchmarks/calibration_beside.py)."""
+        return spec
+
     # --- models: pairing guard, memory estimate, run record ---
 
     def model_files(self) -> dict[str, str]:

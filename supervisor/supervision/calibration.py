@@ -16,10 +16,15 @@ Used by `specfleet calibrate` and by the daemon before the tuner's first decisio
 one beside the server, where memory holds a second copy (handover.room_beside, the test a
 restart beside makes). A calibration that cannot run (no room, a runtime without synthetic
 acceptance) is said once in an event; one that fails is tried again after `RETRY_S`. On a
-CPU the calibration shares the cores with the serving server: both are slower meanwhile,
-by about the same factor for every step of the calibration, which the cost fit's scale
-factor absorbs (tuning/cost.py). I/O: starts processes, each stopped with its process
-group when it ends, fails or the owner stops.
+CPU the calibration shares the cores with the serving server, so beside one it gives way:
+its server runs at the lowest CPU priority with threads that sleep rather than spin while
+they wait (Backend.in_background; a spinning one stalled the serving server), and a
+completion during which the serving server did any work is measured again, up to as many
+times as the cell has completions (such a step is slow by the share of the cores serving
+took, not by what it drafted). Work on the serving server shows in the proxy's requests at
+once and, for requests sent to the runtime's port directly, only at the next metrics
+scrape: one that begins and ends between scrapes can go unseen. I/O: starts processes,
+each stopped with its process group when it ends, fails or the owner stops.
 """
 
 from __future__ import annotations
@@ -83,7 +88,10 @@ LOADS = (1, 4)
 class Calibrator:
     def __init__(self, target: Target, backend_cls: type[Backend], work: Path,
                  progress: Callable[[str], None] = lambda _: None,
-                 completions: int = 6, tokens: int = 64) -> None:
+                 completions: int = 6, tokens: int = 64,
+                 serving: Callable[[], object] | None = None) -> None:
+        """`serving`: beside a serving server of the target, a mark of its work (equal
+        marks: it did nothing between them); the calibration then gives way to it."""
         # A free port: a running fleet on the target's own port is not disturbed.
         self.target = target.model_copy(update={"port": _free_port(), "host": "127.0.0.1"})
         self.backend = backend_cls(self.target)
@@ -91,6 +99,8 @@ class Calibrator:
         self.progress = progress
         self.completions = completions
         self.tokens = tokens
+        self.serving = serving
+        self.remeasured = 0  # completions measured again because the serving server worked
 
     def supported(self, length: int) -> bool:
         spec = self.backend.launch_spec(length)
@@ -141,20 +151,29 @@ class Calibrator:
             if before is None:
                 raise SpecfleetError(f"{self.target.backend} exposes no counters to calibrate "
                                      "from")
+            again = self.completions if self.serving is not None else 0
             for load in LOADS:
-                for _ in range(self.completions if load == 1 else self.completions // 2):
+                wanted = self.completions if load == 1 else self.completions // 2
+                while wanted:
+                    mark = self.serving() if self.serving is not None else None
                     await asyncio.gather(*(self.backend.generate(http, PROMPT, self.tokens,
                                                                  sampling)
                                            for _ in range(load)))
                     after = await self.backend.read_metrics(http)
                     assert after is not None
-                    out.append((load, Interval(
+                    interval = Interval(
                         after.tokens_predicted_seconds - before.tokens_predicted_seconds,
                         after.tokens_predicted - before.tokens_predicted,
                         after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
                         after.accepted_tokens - before.accepted_tokens,
-                        speculating=name != "off")))
+                        speculating=name != "off")
                     before = after
+                    if self.serving is not None and again and self.serving() != mark:
+                        again -= 1
+                        self.remeasured += 1
+                        continue
+                    out.append((load, interval))
+                    wanted -= 1
         return out
 
     @contextlib.asynccontextmanager
@@ -162,7 +181,10 @@ class Calibrator:
                       spec: LaunchSpec) -> AsyncIterator[None]:
         with tempfile.TemporaryDirectory() as state:
             launcher = ProcessLauncher(self.work, Path(state))
-            proc = await launcher.start(f"calibrate-{self.target.name}-{name}", spec)
+            beside = self.serving is not None
+            proc = await launcher.start(f"calibrate-{self.target.name}-{name}",
+                                        self.backend.in_background(spec) if beside else spec,
+                                        background=beside)
             try:
                 why = await until_ready(lambda: self.backend.probe(http), self.target.health,
                                         lambda: proc.returncode, poll=0.25)
@@ -191,10 +213,12 @@ class Calibrating:
 
     def maybe_start(self, target: Target, backend: Backend, tuner: AutoTuner, work: Path,
                     room: Callable[[], Awaitable[tuple[bool, str]]],
-                    why_not_beside: str | None = None) -> None:
+                    why_not_beside: str | None = None,
+                    serving: Callable[[], object] = lambda: None) -> None:
         """Start a calibration if the tuner needs one and none runs or failed lately;
         `why_not_beside`: why no second server of this target may run here (its launcher
-        runs one per target, or runs it elsewhere), if so."""
+        runs one per target, or runs it elsewhere), if so; `serving`: the serving server's
+        work mark (Calibrator)."""
         if not tuner.needs_calibration or self.running or self._refused \
                 or self.clock() < self._not_before:
             return
@@ -204,11 +228,13 @@ class Calibrating:
                                "`specfleet calibrate` where the runtime runs, or the cost is "
                                "learnt from serving only")
             return
-        self._task = asyncio.create_task(self._run(target, type(backend), tuner, work, room),
-                                         name=f"calibrate:{target.name}")
+        self._task = asyncio.create_task(
+            self._run(target, type(backend), tuner, work, room, serving),
+            name=f"calibrate:{target.name}")
 
     async def _run(self, target: Target, backend_cls: type[Backend], tuner: AutoTuner,
-                   work: Path, room: Callable[[], Awaitable[tuple[bool, str]]]) -> None:
+                   work: Path, room: Callable[[], Awaitable[tuple[bool, str]]],
+                   serving: Callable[[], object]) -> None:
         fits, why = await room()
         if not fits:
             self._refused = True
@@ -218,7 +244,7 @@ class Calibrating:
             return
         length = target.speculation.length
         lengths = lengths_for(length.min, length.max or backend_cls(target).length_ceiling())
-        calibrator = Calibrator(target, backend_cls, work)
+        calibrator = Calibrator(target, backend_cls, work, serving=serving)
         what = (f"draft lengths {lengths[0]} and {lengths[1]} at a synthetic acceptance"
                 if calibrator.supported(lengths[0]) else "the plain step (this runtime cannot "
                 "force an acceptance: what a drafted step costs is learnt from serving)")
@@ -231,6 +257,9 @@ class Calibrating:
             self.emit("tuning", f"calibration failed, tried again in {RETRY_S / 60:.0f} "
                       f"minutes: {exc}")
             return
+        if calibrator.remeasured:
+            self.emit("tuning", f"the calibration measured {calibrator.remeasured} "
+                      "completions again: the serving server worked during them")
         tuner.calibrated(result.to_dict())
 
     def cancel(self) -> None:

@@ -353,6 +353,14 @@ class TargetSupervisor:
             self._set_state(State.STOPPED, f"stopped ({request.reason})")
         return step
 
+    def _work_mark(self) -> object:
+        """Changes whenever this target's server works (the proxy's requests, the runtime's
+        own counters for requests sent to its port); never equal while one runs."""
+        m = self.metrics
+        if m is not None and m.requests_processing:
+            return object()
+        return self.requests.mark(), m.tokens_predicted if m is not None else 0
+
     def _on_sample(self, sample: MetricsSample) -> None:
         self.metrics = sample
         try:
@@ -367,6 +375,7 @@ class TargetSupervisor:
                 self.calibrating.maybe_start(
                     self.target, self.backend, self.tuner, work, lambda: room_beside(self),
                     None if self.launcher.traits.beside else
-                    f"the {self.target.launcher} launcher runs one server of a target")
+                    f"the {self.target.launcher} launcher runs one server of a target",
+                    self._work_mark)
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")
