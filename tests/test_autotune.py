@@ -100,6 +100,24 @@ def test_once_the_plain_step_is_measured_a_losing_setting_is_turned_off_before_t
     assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is not None  # now another length
 
 
+def test_a_plain_step_that_comes_after_the_tuner_gave_up_waiting_holds_nothing(tmp_path):
+    # The calibration took too long (it gives way to serving): the tuner decides from
+    # serving; its plain step, when it comes, does not bring back the off-only wait.
+    tuner, events = make(tmp_path)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.uncalibrated("the calibration beside the server has not measured a plain step")
+    tuner.plain_calibrated({"costs": {"1": StepCost(
+        CHEAP.plain, CHEAP.plain, CHEAP.plain / 2, 0).to_dict()}, "lengths": [],
+        "intervals": 6})
+    assert "decisions go on from serving" in events[-1][1]
+    c = Counters(CHEAP)
+    for _ in range(20):
+        tuner.observe(c.serve(4, 0.95, 200, busy=0))
+    # Every length weighed, as without a calibration; not only off and the running one.
+    assert tuner.last is not None and "waiting for the calibration" not in tuner.last.reason
+    assert {"off", "n=4", "n=8", "n=16"} <= set(tuner.last.data["predicted"])
+
+
 def test_a_decision_waits_for_an_idle_server_then_is_applied_and_persisted(tmp_path):
     tuner, events = make(tmp_path, max_wait=3600)
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))

@@ -15,8 +15,15 @@ import pytest
 from plugins.llamacpp.backend import LlamaCppBackend
 from supervisor.config.schema import Target
 from supervisor.plugin.backend import RuntimeInfo
-from supervisor.supervision.calibration import Calibrating, Calibrator, lengths_for
+from supervisor.supervision import calibration
+from supervisor.supervision.calibration import (
+    Calibrating,
+    Calibration,
+    Calibrator,
+    lengths_for,
+)
 from supervisor.tuning.autotuner import AutoTuner
+from supervisor.tuning.cost import StepCost
 from tests.conftest import llama_target, write_fleet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,25 +137,60 @@ async def test_a_calibration_cancelled_then_stopped_finishes_stopping_its_server
     assert stopped.is_set()
 
 
+async def test_a_calibration_that_gives_way_too_long_lets_the_tuner_decide_meanwhile(
+        tmp_path, monkeypatch):
+    target, tuner, events = draft_tuner(tmp_path)
+    finish = asyncio.Event()
+
+    async def slow_run(self, lengths, plain_measured):  # the serving server keeps the cores
+        await finish.wait()
+        return Calibration({"1": StepCost(0.04, 0.05, 0.01, 0.0)}, 18, lengths)
+
+    async def room() -> tuple[bool, str]:
+        return True, "room"
+
+    monkeypatch.setattr(Calibrator, "run", slow_run)
+    monkeypatch.setattr(calibration, "PATIENCE_S", 0.05)
+    calibrating = Calibrating(lambda *a, **k: None)
+    calibrating.maybe_start(target, tuner.backend, tuner, tmp_path, room)
+    await asyncio.sleep(0.2)
+    assert not tuner.needs_calibration and "has not measured a plain step" in events[-1]
+    assert calibrating.running  # it goes on: its result is still wanted
+    finish.set()
+    await asyncio.sleep(0.05)
+    assert not calibrating.running and events[-1].startswith("calibrated: a plain step 40")
+    assert tuner.memory.calibration is not None
+
+
 @pytest.mark.live
 async def test_beside_a_serving_server_the_calibration_gives_way_and_measures_again(
         tmp_path, model, llama_server_bin):
-    # n-gram: the plain step only, one calibration server. The serving server's work mark
-    # changes during the first two completions: both are measured again.
+    # n-gram: the plain step only, one calibration server. The serving server works during
+    # the first two completions (its mark moves as they run), never between them.
     target = Target.model_validate({**llama_target(model, llama_server_bin), "name": "t",
                                     "speculation": {"method": "ngram"}})
     servers: dict[int, tuple[list[str], int]] = {}
-    marks = iter(range(4))  # a fresh mark at each end of the first two completions
+    work = [0]
 
     def serving() -> object:
-        # Called around each completion, while the calibration's server runs.
-        for p in psutil.Process().children():
+        for p in psutil.Process().children():  # the calibration's server, while it runs
             if llama_server_bin in " ".join(p.cmdline()):
                 servers[p.pid] = (p.cmdline(), p.nice())
-        return next(marks, "quiet")
+        return work[0]
 
     calibrator = Calibrator(target, LlamaCppBackend, tmp_path, completions=2, tokens=8,
                             serving=serving)
+    generate = calibrator.backend.generate
+    completions = [0]
+
+    async def generate_while_serving_works(http, prompt, *args, **kwargs):
+        if prompt == calibration.PROMPT:  # not the warm-up after the load
+            completions[0] += 1
+            if completions[0] <= 2:
+                work[0] += 1
+        return await generate(http, prompt, *args, **kwargs)
+
+    calibrator.backend.generate = generate_while_serving_works  # type: ignore[method-assign]
     result = await calibrator.run((2, 16))
     assert calibrator.remeasured == 2
     assert result.intervals == 3  # two at one request, one round at four: as if alone

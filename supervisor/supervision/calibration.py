@@ -18,13 +18,14 @@ restart beside makes). A calibration that cannot run (no room, a runtime without
 acceptance) is said once in an event; one that fails is tried again after `RETRY_S`. On a
 CPU the calibration shares the cores with the serving server, so beside one it gives way:
 its server runs at the lowest CPU priority with threads that sleep rather than spin while
-they wait (Backend.in_background; a spinning one stalled the serving server), and a
-completion during which the serving server did any work is measured again, up to as many
-times as the cell has completions (such a step is slow by the share of the cores serving
-took, not by what it drafted). Work on the serving server shows in the proxy's requests at
-once and, for requests sent to the runtime's port directly, only at the next metrics
-scrape: one that begins and ends between scrapes can go unseen. I/O: starts processes,
-each stopped with its process group when it ends, fails or the owner stops.
+they wait (Backend.in_background; a spinning one stalled the serving server), each
+completion begins once the serving server has been quiet for QUIET_S, and one during which
+it did any work is measured again, up to AGAIN times as many as the cell has completions
+(such a step is slow by the share of the cores serving took, not by what it drafted). Work
+on the serving server shows in the proxy's requests at once and, for requests sent to the
+runtime's port directly, only at the next metrics scrape: one that begins and ends between
+scrapes can go unseen. I/O: starts processes, each stopped with its process group when it
+ends, fails or the owner stops.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ from supervisor.tuning.load import bucket_of
 
 RATE = 0.5
 RETRY_S = 3600.0
+# How long the daemon waits for a calibration's plain step before its tuner decides from
+# serving alone (the calibration goes on and its result is used when it comes).
+PATIENCE_S = 300.0
+# Beside a serving server: how long it must have been quiet before a completion begins, and
+# how many times a cell's completions each may be measured again (after that all are kept).
+QUIET_S = 0.5
+AGAIN = 3
 PROMPT = ("def parse_line(line):\n    key, _, value = line.partition('=')\n    return "
           "key.strip(), value.strip()\n\n# The same function, copied:\n")
 
@@ -151,11 +159,11 @@ class Calibrator:
             if before is None:
                 raise SpecfleetError(f"{self.target.backend} exposes no counters to calibrate "
                                      "from")
-            again = self.completions if self.serving is not None else 0
+            again = AGAIN * self.completions if self.serving is not None else 0
             for load in LOADS:
                 wanted = self.completions if load == 1 else self.completions // 2
                 while wanted:
-                    mark = self.serving() if self.serving is not None else None
+                    mark = await self._quiet() if self.serving is not None else None
                     await asyncio.gather(*(self.backend.generate(http, PROMPT, self.tokens,
                                                                  sampling)
                                            for _ in range(load)))
@@ -175,6 +183,18 @@ class Calibrator:
                     out.append((load, interval))
                     wanted -= 1
         return out
+
+    async def _quiet(self) -> object:
+        """Wait until the serving server has done nothing for QUIET_S (a completion begun
+        in a pause of its traffic is less often measured again); its work mark then."""
+        assert self.serving is not None
+        mark = self.serving()
+        while True:
+            await asyncio.sleep(QUIET_S)
+            now = self.serving()
+            if now == mark:
+                return now
+            mark = now
 
     @contextlib.asynccontextmanager
     async def _server(self, http: aiohttp.ClientSession, name: str,
@@ -249,14 +269,34 @@ class Calibrating:
                 if calibrator.supported(lengths[0]) else "the plain step (this runtime cannot "
                 "force an acceptance: what a drafted step costs is learnt from serving)")
         self.emit("tuning", f"calibrating beside the server: {what} ({why})")
+        plain_in = asyncio.Event()
+
+        def plain_measured(plain: Calibration) -> None:
+            plain_in.set()
+            tuner.plain_calibrated(plain.to_dict())
+
+        running = asyncio.ensure_future(calibrator.run(lengths, plain_measured))
         try:
-            result = await calibrator.run(
-                lengths, lambda plain: tuner.plain_calibrated(plain.to_dict()))
+            await asyncio.wait([running], timeout=PATIENCE_S)
+            if not running.done() and not plain_in.is_set():
+                # It gives way to serving: on a host whose cores serving keeps busy it may
+                # not get far. Decide from serving meanwhile; its result still comes in.
+                tuner.uncalibrated(
+                    f"the calibration beside the server has not measured a plain step in "
+                    f"{PATIENCE_S / 60:.0f} minutes (it gives way to serving, "
+                    f"{calibrator.remeasured} completions measured again so far): deciding "
+                    "from serving until it has")
+            result = await running
         except SpecfleetError as exc:
             self._not_before = self.clock() + RETRY_S
             self.emit("tuning", f"calibration failed, tried again in {RETRY_S / 60:.0f} "
                       f"minutes: {exc}")
             return
+        finally:
+            if not running.done():  # this task was cancelled: the server stops with `running`
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
         if calibrator.remeasured:
             self.emit("tuning", f"the calibration measured {calibrator.remeasured} "
                       "completions again: the serving server worked during them")

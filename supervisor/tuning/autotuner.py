@@ -144,11 +144,14 @@ class AutoTuner:
         setting costs), so until the rest is in, the only decision is off."""
         costs = _costs(result)
         self.controller.calibrated(costs, shaped=False)
-        self._interim = True
+        # Off-only until the lengths are in, unless it already decides from serving (the
+        # calibration took too long): then the plain step only sharpens what it knows.
+        self._interim = self._uncalibrated is None
         ms = round(costs[min(costs)].plain * 1e3, 1)
-        self.emit("tuning", f"calibrating: a plain step {ms} ms; until the drafted steps are "
-                  "measured the only decision is speculation off, if the running setting "
-                  "loses to it")
+        self.emit("tuning", f"calibrating: a plain step {ms} ms; " + (
+            "until the drafted steps are measured the only decision is speculation off, if "
+            "the running setting loses to it" if self._interim else
+            "decisions go on from serving until the drafted steps are measured"))
 
     def calibrated(self, result: Mapping[str, Any]) -> None:
         """A calibration's result (supervision/calibration.Calibration.to_dict)."""
