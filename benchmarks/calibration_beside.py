@@ -174,7 +174,9 @@ def main() -> int:
     parser.add_argument("--limit", type=float, default=300.0,
                         help="seconds a calibration may take before it is cut")
     parser.add_argument("--out", type=Path,
-                        default=REPO / "benchmarks" / "results" / "calibration_beside.json")
+                        default=REPO / "benchmarks" / "results" / "calibration_beside.json",
+                        help="where the rounds are saved (the runs in benchmarks/README.md "
+                        "are calibration_beside-runN.json)")
     args = parser.parse_args()
     binary, model = str(provision.cached_llama_server()), str(example_model_path())
     rounds = []
@@ -182,8 +184,9 @@ def main() -> int:
         for i in range(args.rounds):
             work = Path(tmp) / f"r{i}"
             work.mkdir()
+            shown = len(report(rounds))
             rounds.append(one_round(binary, model, work, args))
-            print("\n".join(report(rounds)[-4:]), flush=True)
+            print("\n".join(report(rounds)[shown:]), flush=True)
     args.out.write_text(json.dumps({
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "args": {k: str(v) for k, v in vars(args).items()}, "rounds": rounds}, indent=1))
