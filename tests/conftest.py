@@ -174,6 +174,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+
+def plain_step_measured(daemon: DaemonProcess, name: str, timeout: float = 300) -> None:
+    """Wait, with no traffic, until the tuner's calibration beside the server has measured
+    the plain step. It gives way to serving (supervision/calibration.py): under traffic
+    with no pause it hardly moves, and the tuner waits 5 minutes for it before it decides
+    from serving alone."""
+    wait_for(lambda: any(e["kind"] == "tuning" and e["reason"].startswith(
+        ("calibrating: a plain step", "calibrated: a plain step"))
+        for e in daemon.events(name)), timeout, f"{name}'s calibrated plain step")
+
+
 class DaemonProcess:
     """`specfleet run FILE` as a real child process, observed through its state directory."""
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import llama_target, wait_for, write_fleet
+from tests.conftest import llama_target, plain_step_measured, wait_for, write_fleet
 
 pytestmark = pytest.mark.live
 
@@ -97,6 +97,7 @@ def test_a_retune_under_steady_proxy_traffic_fails_no_request(
     fleet = write_fleet(tmp_path, {"t": target})
     daemon = start_daemon(fleet)
     first = daemon.wait_state("t", "ready")
+    plain_step_measured(daemon, "t")
     with Traffic(proxy_of(fleet), repeat=True) as traffic:
         # max_wait 1 h and a busy server: only a restart that costs no service is applied
         # now. n-gram drafts cannot be calibrated: the first decision comes from what

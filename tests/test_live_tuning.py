@@ -11,7 +11,7 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.conftest import llama_target, wait_for, write_fleet
+from tests.conftest import llama_target, plain_step_measured, wait_for, write_fleet
 
 pytestmark = pytest.mark.live
 
@@ -62,6 +62,7 @@ def test_a_self_draft_is_calibrated_predicted_slower_than_no_speculation_and_tur
         "method": "draft", "draft": model, "length": {"start": 4, "min": 1, "max": 8}})
     daemon = start_daemon(write_fleet(tmp_path, {"selfdraft": target}))
     daemon.wait_state("selfdraft", "ready")
+    plain_step_measured(daemon, "selfdraft")
     drive(daemon, "selfdraft",
           lambda: any(e["data"].get("new") == "off" for e in tuning_events(daemon, "selfdraft")),
           "The history of the Roman Empire begins with")

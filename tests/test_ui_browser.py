@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import llama_target, wait_for, write_fleet
+from tests.conftest import llama_target, plain_step_measured, wait_for, write_fleet
 from tests.test_live_tuning import CODE, FAST_TUNING, drive, tuning_events
 
 pytestmark = pytest.mark.live
@@ -157,6 +157,7 @@ def test_the_status_page_in_a_browser(tmp_path, model, llama_server_bin, start_d
 
     # Traffic: a request through the proxy (the activity list) and enough to the runtime for
     # tuning decisions (marks on the target's charts) and the model's predictions (the "why").
+    plain_step_measured(daemon, "coder")
     assert proxy_completion(fleet, "coder")["choices"][0]["text"]
     drive(daemon, "coder", lambda: api_json(api, "/v1/targets/coder/tuning")["decisions"], CODE)
     # The first decision (the calibration's events before it are tuning events too).
