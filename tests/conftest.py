@@ -174,7 +174,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-
 def plain_step_measured(daemon: DaemonProcess, name: str, timeout: float = 300) -> None:
     """Wait, with no traffic, until the tuner's calibration beside the server has measured
     the plain step. It gives way to serving (supervision/calibration.py): under traffic

@@ -162,6 +162,32 @@ async def test_a_calibration_that_gives_way_too_long_lets_the_tuner_decide_meanw
     assert tuner.memory.calibration is not None
 
 
+@pytest.mark.parametrize("patience", [3600, 0.05])
+async def test_a_calibration_stopped_while_it_runs_stops_its_server_first(
+        tmp_path, monkeypatch, patience):
+    # Stopped while the owner waits for its plain step, and after it gave up waiting.
+    target, tuner, _ = draft_tuner(tmp_path)
+    stopped = asyncio.Event()
+
+    async def run(self, lengths, plain_measured):
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.2)  # SIGTERM sent, waiting for the server to exit
+            stopped.set()
+
+    async def room() -> tuple[bool, str]:
+        return True, "room"
+
+    monkeypatch.setattr(Calibrator, "run", run)
+    monkeypatch.setattr(calibration, "PATIENCE_S", patience)
+    calibrating = Calibrating(lambda *a, **k: None)
+    calibrating.maybe_start(target, tuner.backend, tuner, tmp_path, room)
+    await asyncio.sleep(0.1)
+    await calibrating.stop()
+    assert stopped.is_set() and not calibrating.running
+
+
 @pytest.mark.live
 async def test_beside_a_serving_server_the_calibration_gives_way_and_measures_again(
         tmp_path, model, llama_server_bin):

@@ -166,8 +166,8 @@ class Backend:
     def in_background(self, spec: LaunchSpec) -> LaunchSpec:
         """`spec` for a server that shares the cores with a serving one and must give way to
         it (the tuner's calibration): its threads sleep while they wait for work instead of
-        spinning, where the runtime spins (a spinning server beside a serving one on a CPU
-        slowed the serving one 60-fold: benchmarks/calibration_beside.py)."""
+        spinning, where the runtime spins (beside a spinning one on 2 cores the serving server
+        served a twentieth of its tokens: benchmarks/calibration_beside.py)."""
         return spec
 
     # --- models: pairing guard, memory estimate, run record ---

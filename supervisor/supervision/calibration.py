@@ -294,7 +294,8 @@ class Calibrating:
             return
         finally:
             if not running.done():  # this task was cancelled: the server stops with `running`
-                running.cancel()
+                if not running.cancelling():  # once only (see cancel())
+                    running.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await running
         if calibrator.remeasured:
