@@ -1,6 +1,6 @@
 """What the tuner's calibration beside a serving server costs that server, and what it
 measures meanwhile: spinning (llama.cpp's defaults) against giving way (the daemon's way:
-supervision/calibration.py, Backend.in_background, ProcessLauncher's `background`).
+supervision/calibration.py, Backend.background_args, ProcessLauncher's `background`).
 
 One llama-server of the packaged model serves 64-token completions from one client; beside
 it the product's Calibrator measures the plain step of the same model (an n-gram target: no

@@ -72,6 +72,10 @@ class LlamaCppBackend(Backend):
     description = "llama.cpp llama-server"
     default_binary = "llama-server"
     takes_modelkits = True
+    # --poll 0: ggml's worker threads wait on a condition variable, not in a spin loop
+    # (default 50). Two servers spinning on the same cores stall each other: each thread
+    # spins through its time slice waiting for a sibling that is not running.
+    background_args = ("--poll", "0")
 
     @classmethod
     def check(cls, target: Target) -> list[Problem]:
@@ -198,12 +202,6 @@ class LlamaCppBackend(Backend):
             return None
         rates = ",".join([f"{rate:g}"] * draft_length)
         return dataclasses.replace(spec, argv=(*spec.argv, "--spec-synth-rates", rates))
-
-    def in_background(self, spec: LaunchSpec) -> LaunchSpec:
-        # --poll 0: ggml's worker threads wait on a condition variable, not in a spin loop
-        # (default 50). Two servers spinning on the same cores stall each other: each
-        # thread spins through its time slice waiting for a sibling that is not running.
-        return dataclasses.replace(spec, argv=(*spec.argv, "--poll", "0"))
 
     async def probe(self, http: aiohttp.ClientSession) -> Probe:
         async with http.get(f"{self.base_url}/health") as resp:

@@ -54,6 +54,11 @@ class Backend:
     # Serves a GGUF file by path, so a target may take it from a ModelKit (`modelkit:`,
     # docs/modelkits.md): the daemon pulls it and sets `model` (and the draft) to the cache.
     takes_modelkits: ClassVar[bool] = False
+    # Arguments added last for a server that shares the cores with a serving one and must
+    # give way to it (the tuner's calibration): whatever makes the runtime's threads sleep
+    # while they wait for work instead of spinning (beside a spinning one on 2 cores the
+    # serving server served a twentieth of its tokens: benchmarks/calibration_beside.py).
+    background_args: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -162,13 +167,6 @@ class Backend:
         text (for the tuner's calibration, tuning/calibration.py), or None where the
         runtime cannot: then the cost of a drafted step is learnt from serving only."""
         return None
-
-    def in_background(self, spec: LaunchSpec) -> LaunchSpec:
-        """`spec` for a server that shares the cores with a serving one and must give way to
-        it (the tuner's calibration): its threads sleep while they wait for work instead of
-        spinning, where the runtime spins (beside a spinning one on 2 cores the serving server
-        served a twentieth of its tokens: benchmarks/calibration_beside.py)."""
-        return spec
 
     # --- models: pairing guard, memory estimate, run record ---
 

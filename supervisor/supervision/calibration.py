@@ -18,7 +18,7 @@ restart beside makes). A calibration that cannot run (no room, a runtime without
 acceptance) is said once in an event; one that fails is tried again after `RETRY_S`. On a
 CPU the calibration shares the cores with the serving server, so beside one it gives way:
 its server runs at the lowest CPU priority with threads that sleep rather than spin while
-they wait (Backend.in_background; a spinning one stalled the serving server), each
+they wait (Backend.background_args; a spinning one stalled the serving server), each
 completion begins once the serving server has been quiet for QUIET_S, and one during which
 it did any work is measured again, up to AGAIN times as many as the cell has completions
 (such a step is slow by the share of the cores serving took, not by what it drafted). Work
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import tempfile
 import time
@@ -202,8 +203,10 @@ class Calibrator:
         with tempfile.TemporaryDirectory() as state:
             launcher = ProcessLauncher(self.work, Path(state))
             beside = self.serving is not None
-            proc = await launcher.start(f"calibrate-{self.target.name}-{name}",
-                                        self.backend.in_background(spec) if beside else spec,
+            if beside:
+                spec = dataclasses.replace(
+                    spec, argv=(*spec.argv, *self.backend.background_args))
+            proc = await launcher.start(f"calibrate-{self.target.name}-{name}", spec,
                                         background=beside)
             try:
                 why = await until_ready(lambda: self.backend.probe(http), self.target.health,
