@@ -26,7 +26,15 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import FAST_RESTART, REPO, DaemonProcess, free_port, wait_for, write_fleet
+from tests.conftest import (
+    FAST_RESTART,
+    REPO,
+    DaemonProcess,
+    free_port,
+    plain_step_measured,
+    wait_for,
+    write_fleet,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.vllm]
 
@@ -143,8 +151,7 @@ def calibrated(daemon: DaemonProcess, name: str, timeout: float = 600) -> None:
     worker pins its threads: a second one started beside a server kept busy on 2 cores
     took over 6 minutes to load (it loads in about 60 s beside an idle one)."""
     started = time.monotonic()
-    wait_for(lambda: any(e["reason"].startswith("calibrated: a plain step")
-                         for e in tuning_events(daemon, name)), timeout, "the calibration")
+    plain_step_measured(daemon, name, timeout)  # vLLM's is the whole calibration
     print(f"[vllm] {name} calibrated {time.monotonic() - started:.0f} s after ready",
           file=sys.stderr)
 
