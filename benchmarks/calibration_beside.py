@@ -74,7 +74,7 @@ class Serving:
             self._stop.wait(self.gap)
 
     def mark(self) -> object:
-        # As the daemon's (owner._work_mark): never equal while a request runs.
+        # As the daemon's (neighbours.work_mark): never equal while a request runs.
         return object() if self.busy else self.sent
 
     def __enter__(self) -> Serving:

@@ -173,6 +173,8 @@ class Run:
         self.clock = 0.0
         self.restarts: list[tuple[float, int]] = []  # (clock, segment)
         self.losing: list[int] = []
+        self.by_segment: dict[int, float] = {}  # busy seconds in each segment, restarts too
+        self.path: list[int] = []  # the oracle's setting for each traffic segment
 
     def answer_seconds(self, k: int, a: Answer, load: int) -> float:
         c = self.truth.cell(k, a.cls, load)
@@ -220,13 +222,16 @@ def play_oracle(truth: Truth, day: list[dict[str, Any]], bias: dict) -> Run:
                            [*path, k]) for j, (t, path) in best.items()), key=lambda x: x[0])
         best, idle_before = new, False
     total, path = min(best.values(), key=lambda x: x[0])
-    run.busy = total
+    run.busy, run.path = total, path
     run.restarts = [(0.0, i) for i, (a, b) in enumerate(itertools.pairwise(path)) if a != b]
     return run
 
 
 def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
-               interval: float, seed: int) -> tuple[Run, TuningController, list[dict[str, Any]]]:
+               interval: float, arrival: bool = True
+               ) -> tuple[Run, TuningController, list[dict[str, Any]]]:
+    """`arrival`: the controller is asked as each request arrives (the proxy's
+    `arriving`), as the daemon does."""
     run = Run(truth, bias)
     lengths = [k for k in truth.settings if k != OFF]
     # Only the measured lengths can be played: the controller chooses among them.
@@ -250,7 +255,12 @@ def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
         per_setting = segment_best(truth, run, seg)
         best = min(per_setting.values())
         acc: dict[str, Any] = _empty()
+        busy_before = run.busy
         for a in seg["answers"]:
+            if pending is None and stage != "none" and arrival:
+                # As the proxy asks the daemon's tuner before it relays a request.
+                pending = ctrl.arriving(a.cls, load, truth.ready[ctrl.current],
+                                        only_off=stage == "plain")
             if pending is not None:
                 run.restart(pending.setting, si)
                 ctrl.switched(pending)
@@ -284,7 +294,27 @@ def play_tuned(truth: Truth, day: list[dict[str, Any]], bias: dict, start: int,
                     pending = d
         if acc["seconds"] > 0:
             ctrl.observe(_observation(acc, ctrl.current, load))
+        run.by_segment[si] = run.busy - busy_before
     return run, ctrl, decisions
+
+
+def by_segment(truth: Truth, day: list[dict[str, Any]], tuned: Run, oracle: Run
+               ) -> list[dict[str, Any]]:
+    """Where tuned lost its time: each traffic segment's busy seconds, tuned's (restarts
+    in), the segment's best setting's and the oracle's choice (its restarts not in)."""
+    out, traffic = [], 0
+    for si, seg in enumerate(day):
+        if "idle" in seg:
+            continue
+        per = segment_best(truth, tuned, seg)
+        best = min(per, key=lambda k: per[k])
+        k = oracle.path[traffic] if traffic < len(oracle.path) else None
+        traffic += 1
+        out.append({"segment": si, "mix": seg["mix"], "clients": seg["clients"],
+                    "best": best, "best_s": round(per[best], 1), "oracle": k,
+                    "oracle_s": round(per[k], 1) if k is not None else None,
+                    "tuned_s": round(tuned.by_segment.get(si, 0.0), 1)})
+    return out
 
 
 def _empty() -> dict[str, Any]:
@@ -355,7 +385,7 @@ def worst_hour(run: Run) -> int:
 
 def simulate(profile: dict[str, Any], setup: str, trace: dict[str, Any], seed: int,
              interval: float = 15.0, cell_noise: float = 0.03,
-             start: int | None = None) -> dict[str, Any]:
+             start: int | None = None, arrival: bool = True) -> dict[str, Any]:
     truth = Truth(profile, setup)
     day = draw(trace, seed)
     bias = biased(truth, seed, cell_noise)
@@ -364,7 +394,7 @@ def simulate(profile: dict[str, Any], setup: str, trace: dict[str, Any], seed: i
     # The pair example's start (examples/pair.yaml), else the longest measured (n-gram: the
     # runtime's default n-max 64).
     first = start if start is not None else 4 if 4 in truth.settings else max(truth.settings)
-    tuned, ctrl, decisions = play_tuned(truth, day, bias, first, interval, seed)
+    tuned, ctrl, decisions = play_tuned(truth, day, bias, first, interval, arrival)
     best_k = min(fixed, key=lambda k: fixed[k].busy)
     best = fixed[best_k].busy
     head = best - oracle.busy
@@ -381,7 +411,8 @@ def simulate(profile: dict[str, Any], setup: str, trace: dict[str, Any], seed: i
         "worst_hour_restarts": worst_hour(tuned), "settle_restarts": settle(day, tuned),
         "losing_answers": len(tuned.losing),
         "losing_by_segment": {str(s): tuned.losing.count(s) for s in sorted(set(tuned.losing))},
-        "checks": ctrl.checks, "decisions": decisions}
+        "checks": ctrl.checks, "decisions": decisions,
+        "segments": by_segment(truth, day, tuned, oracle)}
 
 
 def main() -> int:
@@ -393,10 +424,13 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=15.0)
     ap.add_argument("--cell-noise", type=float, default=0.03)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-arrival", action="store_true",
+                    help="decide from served intervals only, never as a request arrives")
     args = ap.parse_args()
     profile = json.loads(args.profile.read_text())
     trace = yaml.safe_load(args.trace.read_text())
-    results = [simulate(profile, args.setup, trace, s, args.interval, args.cell_noise)
+    results = [simulate(profile, args.setup, trace, s, args.interval, args.cell_noise,
+                        arrival=not args.no_arrival)
                for s in range(1, args.seeds + 1)]
     print(f"{trace.get('name', args.trace.name)} on {args.setup}, {args.seeds} seeds")
     print(f"{'seed':>4} {'best fixed':>10} {'tuned/best':>10} {'tuned/off':>9} "

@@ -24,14 +24,19 @@ request in flight, and requests wait while a target restarts. Each strategy is c
 wall time of its own requests plus the time its target was not ready (from the daemon's
 state events) outside those requests: what a lone client of that target would have waited.
 
-Every target gets the same warm-up on the first phase's workload, reported apart and not
-counted in the phases, until the tuner has its calibration (or, without one, its first
-decision), at most 96 requests. Cases: ngram-mod, self-draft (the draft is the target's
-own GGUF: speculation can only hurt), pair (`specfleet setup --pair`).
+The tuned target calibrates first on an idle box (no traffic until its calibration is in,
+at most 20 minutes: what a box just installed gives it; beside interleaved traffic it would
+wait for quiet that never comes). Then every target gets the same warm-up on the first
+phase's workload, reported apart and not counted in the phases, until the tuner has its
+calibration (or, without one, its first decision), at most 96 requests. Cases: ngram-mod,
+self-draft (the draft is the target's own GGUF: speculation can only hurt), pair
+(`specfleet setup --pair`).
 
 Run: .venv/bin/python benchmarks/tuner_phases.py [--requests 20] [--max-tokens 192] [--cases
-pair] (the pair: 6 targets x 4 phases x 20 requests of 192 tokens, about 90 minutes on 2
-cores); writes benchmarks/results/.
+pair] (the pair: 4 phases x 20 requests of 192 tokens per target; a prose request at a
+fixed n=16 takes about 80 s, so each target at n=16 adds about 55 minutes: run 20 with
+4 targets, two of them at n=16, ran 130 minutes on 2 cores; `--sweep 16,off` makes the twin
+an off one); writes benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ TUNED_EXTRA: dict[str, dict[str, Any]] = {"ngram-mod": {}, "self-draft": {}, "pa
 BENCH_TUNING = {"enabled": True, "min_tokens": 400, "min_steps": 40, "max_wait": "5s"}
 CHUNK = 8  # the rule of thumb's chunk of requests
 WARMUP_MAX = 96  # requests per target at most before the measured phases
+CALIBRATION_MAX = 1200.0  # seconds the idle box waits for the tuned target's calibration
 KEPT_DATA = ("predicted", "mix", "remaining_busy_s", "switch_cost_s", "expected_gain",
              "waited_s")
 
@@ -221,6 +227,26 @@ def warmed_up(fleet: Fleet) -> bool:
     return bool(view.get("calibration")) or view.get("last_decision") is not None
 
 
+def tuning_event(e: dict[str, Any]) -> dict[str, Any]:
+    """A tuning event as the results keep it (events.jsonl leaves out an empty `data`)."""
+    data = e.get("data") or {}
+    return {"time": e["time"], "reason": e["reason"], "action": data.get("action"),
+            "old": data.get("old"), "new": data.get("new"),
+            # The numbers behind it, for reading a surprising decision.
+            "data": {k: data[k] for k in KEPT_DATA if k in data}}
+
+
+def wait_calibrated(fleet: Fleet, timeout: float = CALIBRATION_MAX) -> float | None:
+    """Seconds until the tuned target's calibration is in (or its tuner decides without
+    one); None if that took longer than `timeout` (the warm-up's traffic follows anyway)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if not fleet.status("tuned").get("tuning", {}).get("needs_calibration", True):
+            return round(time.monotonic() - start, 1)
+        time.sleep(1)
+    return None
+
+
 def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phases: list[str],
              sweep: list[Any], extra: dict[str, Any], n: int, max_tokens: int,
              without: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -241,8 +267,12 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
     names = list(targets)
     try:
         rule = Rule(fleet, spec)
-        # Warm-up on the first phase's workload, reported apart: the tuner measures its
-        # baseline (once per model and runtime) and searches the variants (once per workload).
+        # The calibration first, on an idle box, as a box that was just installed gives it
+        # (once per model files and build; beside a busy fleet it waits for quiet that
+        # interleaved traffic never leaves): timed, reported apart, charged to nobody.
+        calibration_s = wait_calibrated(fleet)
+        # Then a warm-up on the first phase's workload, reported apart, until the tuner has
+        # what it needs before a decision (at once where the calibration came).
         start = time.time()
         warm = run_phase(fleet, names, phases[0], WARMUP_MAX, max_tokens, rule,
                          until=lambda: warmed_up(fleet))
@@ -267,12 +297,8 @@ def run_case(root: Path, base_target: dict[str, Any], spec: dict[str, Any], phas
             warmup[name] = warm[name].result(down_intervals(events, name, warm_window[1]),
                                              *warm_window)
     return {"results": results, "warmup": warmup, "targets": k, "tuning": tuning,
-            "tuning_events": [{"time": e["time"], "reason": e["reason"],
-                               "action": e["data"].get("action"),
-                               "old": e["data"].get("old"), "new": e["data"].get("new"),
-                               # The numbers behind it, for reading a surprising decision.
-                               "data": {k: e["data"][k] for k in KEPT_DATA if k in e["data"]}}
-                              for e in events if e["kind"] == "tuning"
+            "calibration_s": calibration_s,
+            "tuning_events": [tuning_event(e) for e in events if e["kind"] == "tuning"
                               and e.get("target") == "tuned"],
             "phase_windows": windows}
 

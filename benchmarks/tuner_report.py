@@ -140,12 +140,17 @@ def report(out: dict[str, Any]) -> str:
             lines.append("noise: defaults / fixed-64 (the same flags) per phase: " + ", ".join(
                 f"{a['tps'] / b['tps']:.2f}" for a, b in zip(r["defaults"], r["fixed-64"],
                                                              strict=True)))
+        if "calibration_s" in data:
+            cal = data["calibration_s"]
+            lines.append("calibration on the idle box before the warm-up: " + (
+                f"{cal:.0f} s" if cal is not None else "not in after its wait"))
         warm = data.get("warmup", {})
         if "tuned" in warm:
             best = max((f for f in fixed if f in warm), key=lambda f: warm[f]["tps"])
             lines.append(f"warm-up ({warm['tuned']['tokens']} tokens each, not counted): tuned "
                          f"{warm['tuned']['tps']:.1f} tokens/s, best fixed {best} "
                          f"{warm[best]['tps']:.1f}")
-        lines.append("tuning decisions: " + "; ".join(
-            f"{e['action']} {e['old']}->{e['new']}" for e in data["tuning_events"]))
+        lines.append("tuning decisions: " + "; ".join(  # (not calibrations and checks)
+            f"{e['action']} {e['old']}->{e['new']}" for e in data["tuning_events"]
+            if e["action"] is not None))
     return "\n".join(lines)

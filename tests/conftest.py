@@ -265,13 +265,16 @@ def supervised_daemons(tmp_path: Path, kind: type[DaemonProcess] = DaemonProcess
         return d
 
     yield start
-    for d in daemons:
-        d.stop(timeout=stop_timeout)
-    # Whatever a test did, leave no runtime behind (and fail loudly if one survived).
+    codes = [d.stop(timeout=stop_timeout) for d in daemons]
+    # Whatever a test did, leave no runtime behind (and fail loudly if one survived, with
+    # how each daemon ended and what it last wrote: the only trace a CI run keeps).
     leftovers = runtime_pids(str(tmp_path))
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"llama-server processes outlived the daemon: {leftovers}"
+    assert not leftovers, (
+        f"llama-server processes outlived the daemon: {leftovers}; daemons exited with "
+        f"{codes}\n" + "\n".join(f"--- daemon {i} stderr ---\n{d.log()[-3000:]}"
+                                  for i, d in enumerate(daemons)))
 
 
 @pytest.fixture

@@ -100,6 +100,29 @@ def test_once_the_plain_step_is_measured_a_losing_setting_is_turned_off_before_t
     assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is not None  # now another length
 
 
+def test_a_request_of_a_class_never_seen_is_served_first_at_the_shortest_length(tmp_path):
+    tuner, _ = make(tmp_path, min_steps=200)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    tuner.plain_calibrated({"costs": {"1": StepCost(
+        CHEAP.plain, CHEAP.plain, CHEAP.plain / 2, 0).to_dict()}, "lengths": [],
+        "intervals": 6})
+    c = Counters(CHEAP)
+    for _ in range(3):
+        tuner.observe(c.serve(4, 0.95, 200, busy=0), proxy_classes={"code": 380})
+    assert tuner.arriving("poetry", 1) is None  # a drafted step's cost is not measured yet
+    calibrate(tuner, CHEAP)  # (the plain step came first, as from a calibration beside)
+    assert tuner.observe(c.serve(4, 0.95, 200, busy=0), proxy_classes={"code": 380})
+    tuner.apply_pending()
+    tuner.restarted(2.0, beside=False)
+    assert tuner.draft_length == 16  # code
+    # 200 steps at n=16 of a text that accepts nothing cost 11 s more than at n=2; a
+    # restart 2 s.
+    reason = tuner.arriving("poetry", 1)
+    assert reason is not None and "class 'poetry' never seen" in reason
+    tuner.apply_pending()
+    assert tuner.draft_length == 2 and tuner.memory.decisions[-1]["learning"] == "poetry"
+
+
 def test_a_plain_step_that_comes_after_the_tuner_gave_up_waiting_holds_nothing(tmp_path):
     # The calibration took too long (it gives way to serving): the tuner decides from
     # serving; its plain step, when it comes, does not bring back the off-only wait.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
@@ -10,7 +11,14 @@ import urllib.request
 
 import psutil
 import pytest
+import yaml
 
+from supervisor.config.loader import load_fleet
+from supervisor.plugin.registry import default_registry
+from supervisor.tuning.acceptance import CLASS_HEADER
+from supervisor.tuning.controller import Observation, TuningController
+from supervisor.tuning.cost import Interval, StepCost
+from supervisor.tuning.store import fingerprint, runtime_key
 from tests.conftest import llama_target, plain_step_measured, wait_for, write_fleet
 
 pytestmark = pytest.mark.live
@@ -156,3 +164,51 @@ def test_changing_the_speculation_config_discards_what_was_learnt(tmp_path):
     assert store.load("t", "cfg-a").setting == 12
     fresh = store.load("t", "cfg-b")
     assert fresh == TunerMemory("cfg-b")
+
+
+def test_a_request_of_a_class_known_to_lose_is_served_with_speculation_off(
+        tmp_path, model, llama_server_bin, start_daemon):
+    target = llama_target(model, llama_server_bin, tuning=dict(FAST_TUNING), speculation={
+        "method": "draft", "draft": model, "length": {"start": 4, "min": 1, "max": 8}})
+    fleet = write_fleet(tmp_path, {"selfdraft": target})
+    # What an earlier run learnt: what a step costs, and that class "story" accepts little
+    # (at every length it would be slower than off). The daemon starts at n=4.
+    registry = default_registry()
+    loaded = load_fleet(fleet, registry.check_target).fleet.targets["selfdraft"]
+    runtime = asyncio.run(registry.backend_for(loaded).preflight())
+    cost = StepCost(plain=0.04, step=0.08, per_draft=0.01, per_accepted=0.0)
+    learnt = TuningController(lengths=list(range(1, 9)), current=4)
+    learnt.calibrated({"1": cost})
+    for _ in range(3):
+        pos = [200 * 0.2 * 0.3 ** i for i in range(4)]
+        acc = sum(pos) / 200
+        learnt.observe(Observation(
+            Interval(200 * cost.drafted(4, acc), int(200 * (1 + acc)), 200, 800, 200 * acc,
+                     speculating=True), 4, 1, pos, {"story": 200 * (1 + acc)}))
+    assert learnt.classes["story"].steps >= FAST_TUNING["min_steps"]
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "tuning.json").write_text(json.dumps({"selfdraft": {
+        "fingerprint": fingerprint(loaded), "setting": 4,
+        "runtime_key": runtime_key(loaded, runtime),
+        "calibration": {"costs": {"1": cost.to_dict()}, "shaped": True},
+        "learnt": learnt.state()}}))
+    daemon = start_daemon(fleet)
+    first = daemon.wait_state("selfdraft", "ready")
+    assert "--spec-type" in psutil.Process(first["pid"]).cmdline()
+
+    proxy = yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"]
+    body = {"model": "selfdraft", "prompt": "Once upon a time", "max_tokens": 24,
+            "temperature": 0.8}
+    req = urllib.request.Request(f"http://{proxy}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json", CLASS_HEADER: "story"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        answer = json.loads(resp.read())
+    # Held until a server without speculation served it: not one token was drafted.
+    assert answer["timings"].get("draft_n", 0) == 0, answer["timings"]
+    assert answer["choices"][0]["text"]
+    reasons = [e["reason"] for e in tuning_events(daemon, "selfdraft")]
+    assert any(r.startswith("a request of class 'story' arrives: every setting's best case is "
+                            "below off") for r in reasons), reasons
+    now = daemon.wait_state("selfdraft", "ready")
+    assert now["pid"] != first["pid"] and "--spec-type" not in psutil.Process(now["pid"]).cmdline()
+    assert daemon.target("selfdraft")["speculation"]["enabled"] is False

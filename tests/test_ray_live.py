@@ -74,9 +74,14 @@ class RayDaemon(DaemonProcess):
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[[Path], DaemonProcess]]:
+def daemons(tmp_path: Path, ray_cluster: RayCluster) -> Iterator[Callable[[Path], DaemonProcess]]:
     # stop_targets_on_exit: the actors and their servers go too, which takes longer.
-    yield from supervised_daemons(tmp_path, RayDaemon, stop_timeout=60)
+    try:
+        yield from supervised_daemons(tmp_path, RayDaemon, stop_timeout=60)
+    finally:
+        # An actor a test left behind (its own teardown fails for it) would hold a node's
+        # GPU for the next test on this module's cluster: that test would fail too.
+        ray_cluster.end_actors()
 
 
 def node_name(status: dict[str, Any]) -> str:
@@ -156,6 +161,11 @@ def test_a_new_daemon_adopts_the_actors_after_kill_9_without_a_second_server(
     log = (tmp_path / "state" / "logs" / "chat.log").read_text()
     assert "couldn't bind" not in log
     assert proxy_completion(fleet, "chat")["choices"][0]["text"]
+    # SIGTERM is the daemon's, not Ray's crash handler's (which wrote a stack trace and,
+    # on a loaded box, ended the daemon with SIGABRT before it stopped the actor).
+    assert second.stop(60) == 0
+    assert "SIGTERM received" not in second.log(), second.log()
+    assert runtime_pids(str(tmp_path)) == []  # stop_targets_on_exit
 
 
 def test_a_model_file_missing_on_the_chosen_node_fails_with_the_node_named(
@@ -214,6 +224,7 @@ def test_sigterm_leaves_the_actor_running_and_a_removed_targets_actor_is_stopped
     first = daemons(fleet)
     pid = first.wait_state("old", "ready", 180)["pid"]
     assert first.stop() == 0
+    assert "SIGTERM received" not in first.log(), first.log()
     assert first.events("old")[-1]["new"] == "detached"
     assert runtime_pids(str(tmp_path)) == [pid]  # the actor kept its server
 

@@ -115,3 +115,13 @@ def test_the_model_label_names_a_modelkit_by_reference_digest_and_pull_progress(
     assert labels.source({"modelkit": {**kit, "offline": "registry down"}}).endswith(
         "from the cache (registry not reached)")
     assert labels.display({"modelkit": kit, "state": "starting"})["source"].startswith("reg.")
+
+
+def test_a_class_never_seen_learnt_at_a_short_length_says_what_it_risked():
+    data = {"action": "switch", "expected_gain": 0.0, "mix": {"poetry": 1.0},
+            "learning": "poetry", "risk_s": 22.4, "switch_cost_s": 5.0}
+    memory = evidence.logged(TunerMemory("f"), "a request of class 'poetry' arrives: …",
+                             data, 0.0)
+    assert evidence.expectation(memory.decisions[-1]) == (
+        "learning what class 'poetry' accepts where it risks least: at the old setting up "
+        "to 22 s more if it accepts nothing, a restart costs 5 s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,17 @@ def interval(cost: StepCost, k: int, accepted_per_step: float, steps: int) -> In
 
 def geometric(p0: float, rho: float, k: int, steps: int) -> list[float]:
     return [steps * p0 * rho ** i for i in range(k)]
+
+
+def calibrated_at_16(**kw: Any) -> TuningController:
+    """A controller running n=16, calibrated exactly (TRUE) at lengths 2 and 16."""
+    ctrl = TuningController(lengths=[2, 4, 8, 16], current=16, **kw)
+    cost = fit([interval(TRUE, 0, 0, 500)]
+               + [interval(TRUE, k, r * k, int(576 / (1 + r * k))) for k in (2, 16)
+                  for r in (0.2, 0.8)])
+    assert cost is not None
+    ctrl.calibrated({"1": cost})
+    return ctrl
 
 
 def test_a_calibration_at_lengths_far_apart_recovers_every_part_of_a_step():
@@ -138,12 +150,7 @@ def test_the_rule(current, predictions, remaining, cost, unknown, want):
 
 
 def test_a_class_seen_before_gets_its_setting_back_without_exploring():
-    ctrl = TuningController(lengths=[2, 4, 8, 16], current=16)
-    cost = fit([interval(TRUE, 0, 0, 500)]
-               + [interval(TRUE, k, r * k, int(576 / (1 + r * k))) for k in (2, 16)
-                  for r in (0.2, 0.8)])
-    assert cost is not None
-    ctrl.calibrated({"1": cost})
+    ctrl = calibrated_at_16()
 
     def serve(cls: str, p0: float, rho: float, rounds: int) -> list[str]:
         actions = []
@@ -168,6 +175,84 @@ def test_a_class_seen_before_gets_its_setting_back_without_exploring():
     assert ctrl.current == OFF
     back = serve("code", 0.95, 0.95, 60)  # one restart to a long draft, no search
     assert len(back) == 1 and back[0].startswith("switch ") and ctrl.current >= 8
+
+
+def test_a_known_class_that_loses_everywhere_turns_speculation_off_before_its_mix_settles():
+    ctrl = calibrated_at_16(min_steps=200)
+
+    def one(cls: str, p0: float, rho: float, steps: int = 200):
+        k = ctrl.current
+        if k == OFF:
+            iv = interval(TRUE, 0, 0, steps)
+            ctrl.observe(Observation(iv, OFF, 1, (), {cls: iv.tokens}))
+        else:
+            pos = geometric(p0, rho, k, steps)
+            iv = interval(TRUE, k, sum(pos) / steps, steps)
+            ctrl.observe(Observation(iv, k, 1, pos, {cls: iv.tokens}))
+        d = ctrl.decide(switch_cost=5.0)
+        if d is not None and d.action != KEEP:
+            ctrl.switched(d)
+        return d
+
+    for _ in range(3):  # prose, learnt once at n=16 (it loses there: off)
+        one("prose", 0.25, 0.3)
+    assert ctrl.current == OFF
+    ctrl.current = 16  # as a code mix would have it
+    for _ in range(20):
+        assert (d := one("code", 0.95, 0.95)) is None or d.action == KEEP
+    assert ctrl.current == 16
+    # An unknown class in the newest interval: nothing until its mix settles.
+    assert one("poetry", 0.25, 0.3, steps=20) is None and ctrl.changing()
+    # Prose again, its acceptance known: every setting loses, off at once.
+    d = one("prose", 0.25, 0.3)
+    assert d is not None and d.setting == OFF and d.action == SWITCH
+    assert d.data["mix"] == {"prose": 1.0}
+
+
+def test_a_request_of_a_class_known_to_lose_turns_speculation_off_before_it_is_served():
+    ctrl = calibrated_at_16(min_steps=200)
+
+    def serve(cls: str, p0: float, rho: float, k: int) -> None:
+        pos = geometric(p0, rho, k, 200)
+        iv = interval(TRUE, k, sum(pos) / 200, 200)
+        ctrl.observe(Observation(iv, k, 1, pos, {cls: iv.tokens}))
+
+    serve("prose", 0.25, 0.3, 16)  # prose, its acceptance learnt at n=16
+    assert ctrl.arriving("prose", 1, 5.0) is None  # the mix holds prose: the mix decides
+    ctrl.recent.clear()
+    for _ in range(12):  # a code mix at n=16
+        serve("code", 0.95, 0.95, 16)
+    assert ctrl.arriving("code", 1, 5.0) is None  # a class that gains
+    d = ctrl.arriving("prose", 1, 5.0)
+    assert d is not None and d.setting == OFF and d.action == SWITCH
+    assert d.data["mix"] == {"prose": 1.0}
+    ctrl.switched(d)
+    assert ctrl.arriving("prose", 1, 5.0) is None  # off already
+
+
+def test_a_class_never_seen_is_learnt_at_the_shortest_length_where_its_worst_case_pays():
+    ctrl = calibrated_at_16(min_steps=200)
+    for _ in range(12):  # a code mix at n=16
+        pos = geometric(0.95, 0.95, 16, 200)
+        iv = interval(TRUE, 16, sum(pos) / 200, 200)
+        ctrl.observe(Observation(iv, 16, 1, pos, {"code": iv.tokens}))
+    # 200 drafted steps of a text that accepts nothing: n=16 against n=2 (about 200 · 14
+    # draft tokens · TRUE.per_draft = 22 s).
+    cost = ctrl.cost("1")
+    assert cost is not None
+    risk = 200 * (cost.drafted(16, 0.0) - cost.drafted(2, 0.0))
+    assert risk == pytest.approx(200 * 14 * TRUE.per_draft, rel=0.05)
+    assert ctrl.arriving("poetry", 1, risk / 2 + 0.1) is None  # two restarts cost more
+    d = ctrl.arriving("poetry", 1, 5.0)
+    assert d is not None and d.action == SWITCH and d.setting == 2
+    assert d.data["learning"] == "poetry" and d.data["risk_s"] == pytest.approx(risk, abs=0.05)
+    assert ctrl.arriving("poetry", 1, 5.0, only_off=True) is None  # cost not calibrated
+    ctrl.switched(d)
+    ctrl.current = 16  # as the code mix would have it again before poetry was learnt
+    assert ctrl.arriving("poetry", 1, 5.0) is None  # hedged once: served like any class
+    ngram = calibrated_at_16(min_steps=200, fills_length=False)
+    ngram.recent, ngram.classes = ctrl.recent, ctrl.classes
+    assert ngram.arriving("sonnet", 1, 5.0) is None  # n-gram drafts only on a match
 
 
 def test_class_names_say_sampling_and_endpoint_unless_the_client_names_one():

@@ -46,6 +46,10 @@ class ServedTarget(Protocol):
         """Entered around each proxied request: the target counts and drains them; gives the
         address to send the request to (it changes when a new server takes over)."""
 
+    async def arriving(self, klass: str, timeout: float) -> None:
+        """Before a request of class `klass` is relayed: returns once it may go (the tuner
+        may switch the server first, within `timeout` seconds)."""
+
     def observe_final(self, final: dict[str, Any], klass: str) -> None:
         """The object at the end of a response (llama.cpp's `timings`, OpenAI's `usage`),
         for a request of class `klass` (tuning/acceptance.request_class)."""

@@ -138,8 +138,11 @@ class Proxy:
                     target = now
                     continue
                 return self._failed(target, began, stream, 503, self._unavailable(target))
+            klass = request_class(body, request.path, request.headers.get(CLASS_HEADER))
+            await target.arriving(klass, deadline - time.monotonic())
+            if not target.serving:
+                continue  # restarting in place for this request's class: wait for it
             try:
-                klass = request_class(body, request.path, request.headers.get(CLASS_HEADER))
                 async with target.relaying() as base_url:
                     response, final = await self._relay(request, target, raw, base_url, klass)
                 self.fleet.record_request(target.name, response.status, began,

@@ -99,7 +99,8 @@ class FleetSupervisors:
                                log_file=str(launcher.log_path(target.name)),
                                tuning_store=self.tuning_store, placer=self.placer,
                                records=self.records, start_reason=reason, unloaded=unloaded,
-                               proxied=self.fleet.daemon.proxy.enabled, kits=self._kits())
+                               proxied=self.fleet.daemon.proxy.enabled, kits=self._kits(),
+                               neighbours=lambda: self.supervisors.values())
         self.on_demand.attach(sup)
         return sup
 

@@ -19,8 +19,9 @@ acceptance) is said once in an event; one that fails is tried again after `RETRY
 CPU the calibration shares the cores with the serving server, so beside one it gives way:
 its server runs at the lowest CPU priority with threads that sleep rather than spin while
 they wait (Backend.background_args; a spinning one stalled the serving server), each
-completion begins once the serving server has been quiet for QUIET_S, and one during which
-it did any work is measured again, up to AGAIN times as many as the cell has completions
+completion begins once the serving server (and every other serving server of the fleet on
+the same device: neighbours.py) has been quiet for QUIET_S, and one during which any did
+work is measured again, up to AGAIN times as many as the cell has completions
 (such a step is slow by the share of the cores serving took, not by what it drafted). Work
 on the serving server shows in the proxy's requests at once and, for requests sent to the
 runtime's port directly, only at the next metrics scrape: one that begins and ends between

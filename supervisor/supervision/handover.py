@@ -46,6 +46,7 @@ from supervisor.supervision.probes import until_ready
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.runrecord import RunRecorder
 from supervisor.supervision.start import StartPlan, follow, plan_start
+from supervisor.supervision.states import StateChanges
 from supervisor.tuning.autotuner import AutoTuner
 
 # Host memory left over once both servers run: the daemon, the page cache of a busy box.
@@ -81,6 +82,7 @@ class Owner(Protocol):
     runtime: dict[str, str]
     placement: dict[str, Any]
     retiring: dict[RunningProcess, asyncio.Task[None]]
+    changes: StateChanges  # woken when the route moves too (a request may wait for it)
     pending_reason: str
     pairing: Callable[[list[str]], None]
 
@@ -269,6 +271,7 @@ def _take_over(owner: Owner, old: RunningProcess, new: RunningProcess, backend: 
     owner.runtime = plan.runtime
     owner.placement = follow(new, backend, plan.placement)
     record_launch(owner, new, plan.spec)
+    owner.changes.wake()
     owner.tuner.restarted(loaded_in, beside=True)  # what a switch costs (holding.py)
     left = owner.requests.on_route(old_route)
     held = holds_new_requests(owner, left)

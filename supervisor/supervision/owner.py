@@ -11,7 +11,7 @@ import asyncio
 import random
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from supervisor.supervision.handover import (
     room_beside,
     stop_retiring,
 )
+from supervisor.supervision.neighbours import Worker, work_beside
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
 from supervisor.supervision.pulling import pull_kit, pull_or_command
@@ -69,8 +70,12 @@ class TargetSupervisor:
                  tuning_store: TuningStore | None = None, placer: Placer | None = None,
                  records: RunRecorder | None = None, kits: ModelKits | None = None,
                  start_reason: str = "daemon started", unloaded: bool = False,
-                 proxied: bool = False) -> None:
+                 proxied: bool = False,
+                 neighbours: Callable[[], Iterable[Worker]] = tuple) -> None:
         self.target = target
+        # The fleet's other owners: a calibration beside this target gives way to their
+        # work on the same device too (neighbours.py).
+        self.neighbours = neighbours
         self.home = backend  # on the configured port
         self.backend = backend  # the server that serves now (a handover moves it: handover.py)
         self.proxied = proxied  # the daemon's proxy is on: clients reach the target through it
@@ -347,19 +352,14 @@ class TargetSupervisor:
             # New requests wait (the target is no longer serving); those in flight finish.
             await self.requests.drained(self.target.restart.stop_grace)
         await proc.stop(self.target.restart.stop_grace)
+        # The calibration beside was cancelled at `stopping`; its server is gone too before
+        # the state says no server of this target runs (unloaded, stopped).
+        await self.calibrating.stop()
         if step is Next.UNLOADED:
             self._set_state(State.UNLOADED, request.reason)
         elif step is not Next.RUN:
             self._set_state(State.STOPPED, f"stopped ({request.reason})")
         return step
-
-    def _work_mark(self) -> object:
-        """Changes whenever this target's server works (the proxy's requests, the runtime's
-        own counters for requests sent to its port); never equal while one runs."""
-        m = self.metrics
-        if m is not None and m.requests_processing:
-            return object()
-        return self.requests.mark(), m.tokens_predicted if m is not None else 0
 
     def _on_sample(self, sample: MetricsSample) -> None:
         self.metrics = sample
@@ -376,6 +376,6 @@ class TargetSupervisor:
                     self.target, self.backend, self.tuner, work, lambda: room_beside(self),
                     None if self.launcher.traits.beside else
                     f"the {self.target.launcher} launcher runs one server of a target",
-                    self._work_mark)
+                    lambda: work_beside(self, self.neighbours))
         except Exception as exc:  # a bug here must not stop supervision
             self._event("error", f"tuning skipped after an internal error: {exc!r}")

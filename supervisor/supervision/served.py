@@ -19,6 +19,7 @@ from supervisor.supervision.commands import Command
 from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.states import State, StateChanges, is_live
+from supervisor.tuning.autotuner import AutoTuner
 
 
 class Owner(Protocol):
@@ -35,6 +36,7 @@ class Owner(Protocol):
     wanted: bool
     changes: StateChanges
     loading: OnDemandBook
+    tuner: AutoTuner
 
     def send(self, command: Command, reason: str) -> None: ...
 
@@ -79,6 +81,25 @@ class Served:
         base_url = self.base_url
         async with self._owner.requests.relaying():
             yield base_url
+
+    async def arriving(self, klass: str, timeout: float) -> None:
+        """Before a request of class `klass` is relayed: where the tuner would rather serve
+        it at another setting (off for a class known to lose at every setting after a mix
+        without it; the shortest length for a class never seen: AutoTuner.arriving), the
+        retune starts now and the request waits, at most `timeout` seconds, until the
+        server it goes to runs that setting (the route moved to a server started beside)
+        or the target stopped serving (a restart in place: the proxy then waits for it as
+        for any restart). Served at the old setting instead, one prose answer at n=16 took
+        as long as eight with speculation off (the pair)."""
+        owner = self._owner
+        if not self.serving or (reason := owner.tuner.arriving(
+                klass, owner.requests.in_flight + 1)) is None:
+            return
+        route = owner.requests.route
+        owner.send(Command.RETUNE, reason)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(owner.changes.until(
+                lambda: owner.requests.route != route or not self.serving), max(0.0, timeout))
 
     def observe_final(self, final: dict[str, Any], klass: str) -> None:
         self._owner.requests.observe(final, klass)

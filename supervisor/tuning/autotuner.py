@@ -250,6 +250,25 @@ class AutoTuner:
                     self._pending, self._pending_since = decision, self.clock()
         return self._due(sample)
 
+    def arriving(self, cls: str, load: int) -> str | None:
+        """A request of class `cls` is about to be relayed, `load` requests in flight with
+        it: the reason to restart first, where the mix does not hold its class and it is
+        known to lose at every setting (off) or never seen (the shortest length, once the
+        drafted steps' cost is calibrated: controller.arriving); the decision is then this
+        restart's (`apply_pending`), and the caller holds the request until the server
+        that serves it runs the new setting."""
+        if not self.active or self._pending is not None or self.sharing_cores or \
+                not (self._interim or not self.needs_calibration):
+            return None
+        decision = self.controller.arriving(cls, load, self.switch_cost(),
+                                            only_off=self.needs_calibration)
+        if decision is None:
+            return None
+        reason = f"a request of class {cls!r} arrives: {decision.reason}"
+        self.last = decision = replace(decision, reason=reason)
+        self._pending, self._pending_since, self._pending_sent = decision, self.clock(), True
+        return reason
+
     def _due(self, sample: MetricsSample) -> str | None:
         """The pending decision's reason once it may restart the server: idle, beside, or
         after waiting `max_wait`."""
@@ -313,7 +332,7 @@ class AutoTuner:
                 "needs_calibration": self.needs_calibration,
                 "cost": cost.to_dict() if cost else None,
                 "classes": {c: a.view() for c, a in self.controller.classes.items()},
-                "mix": {c: round(s, 3) for c, s in self.controller.shares().items()},
+                "mix": self.controller.rounded_shares(),
                 "predicted": {describe(k): p.to_dict() for k, p in (preds or {}).items()},
                 "remaining_busy_s": round(self.controller.remaining(), 1),
                 "window": (stats or self.window.stats()).to_dict(),

@@ -15,10 +15,14 @@ made), it keeps
 `decide` predicts every setting for the mix (tuning/prediction.py) and applies the rule
 (tuning/rule.py) with R, the expected remaining busy time of this mix: the longest of
 what it has lasted so far, what its main class lasted the last times it came
-(`stretch`), and `MIN_HORIZON`. The same object runs in the daemon (tuning/autotuner.py)
-and in the trace simulator (benchmarks/trace_sim.py), on a clock it is given. After a
-switch, once the new setting has made `CHECK_TOKENS` tokens, the measured speedup of the
-mix is set beside the one predicted (`checks`). Pure: no I/O, no clock of its own.
+(`stretch`), and `MIN_HORIZON`. While a new mix forms nothing is decided, except off at
+once for known classes that lose at every setting (`_off_at_once`); and a request of
+such a class that arrives after a mix without it turns speculation off before it is
+served, one of a class never seen the shortest length (`arriving`, asked by the proxy).
+The same object runs in the daemon (tuning/autotuner.py) and in the trace simulator
+(benchmarks/trace_sim.py), on a clock it is given. After a switch, once the new setting
+has made `CHECK_TOKENS` tokens, the measured speedup of the mix is set beside the one
+predicted (`checks`). Pure: no I/O, no clock of its own.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from supervisor.tuning.cost import CostFit, Interval, StepCost
 from supervisor.tuning.load import LABELS as BUCKETS
 from supervisor.tuning.load import bucket_of
 from supervisor.tuning.prediction import OFF, Prediction, predict
-from supervisor.tuning.rule import EXPLORE, KEEP, Decision, decide, describe
+from supervisor.tuning.rule import EXPLORE, KEEP, SWITCH, Decision, decide, describe
 
 PURE = 0.8
 RESIDUAL_HALF_LIFE = 5000.0  # tokens
@@ -235,10 +239,12 @@ class TuningController:
         seen = self.stretch.get(main, 0.0) - self.lasted if main else 0.0
         return min(MAX_HORIZON, max(self.lasted, seen, MIN_HORIZON))
 
-    def predictions(self) -> dict[int, Prediction] | None:
+    def predictions(self, entries: Sequence[MixEntry] | None = None
+                    ) -> dict[int, Prediction] | None:
+        """Every setting's prediction for the mix (`entries`: these of it only)."""
         terms = []
         unseen = pooled(list(self.classes.values()))
-        for bucket, tokens, _ in self.recent:
+        for bucket, tokens, _ in self.recent if entries is None else entries:
             cost = self.cost(bucket)
             if cost is None:
                 return None
@@ -263,19 +269,98 @@ class TuningController:
         if self.current != OFF and self.since_switch["drafted"] < MIN_EVIDENCE_STEPS \
                 and self.since_switch["tokens"] < CHECK_TOKENS:
             return None
+        if self.changing():
+            return self._off_at_once(switch_cost)
         preds = self.predictions()
-        if preds is None or self.changing():
+        if preds is None:
             return None
         # A class explored once is not explored again: what it showed is its acceptance.
         unknown = self.unknown() and self.main_class() not in self.explored
         if only_off:  # the running setting against off: the two that rest on measurement
             preds = {k: p for k, p in preds.items() if k in (OFF, self.current)}
         d = decide(preds, self.current, self.remaining(), switch_cost, self.min_gain, unknown)
-        d.data["mix"] = {c: round(s, 3) for c, s in self.shares().items()}
+        d.data["mix"] = self.rounded_shares()
         if only_off and d.setting != OFF:
             return Decision(KEEP, self.current, "waiting for the calibration's drafted steps",
                             data=d.data)
         return d
+
+    def _off_at_once(self, switch_cost: float) -> Decision | None:
+        """While a new mix forms, nothing is decided until it has CHANGE_TOKENS, with one
+        exception: speculation on, and the newest interval's classes, each with its
+        acceptance known (`min_steps` drafted steps: with fewer, one seed of the simulated
+        day turned off and back within segments it had seen), lose at every setting even
+        at their best case. Then off pays over MIN_HORIZON and waiting would not (prose
+        after code at n=16 serves at about 0.2x off: the three answers it took to settle
+        were most of what the simulated day lost to the oracle). A lone answer of such a
+        class inside another mix costs two restarts (off, then back once the mix says so)."""
+        if not self.recent:
+            return None
+        return self._off_for(list(self.recent)[-1:], switch_cost)
+
+    def arriving(self, cls: str, load: int, switch_cost: float, only_off: bool = False
+                 ) -> Decision | None:
+        """A request of class `cls` arrives, `load` requests in flight with it. Only for a
+        class the mix does not hold at all (in a mix of several classes the mix decides:
+        acting on each arrival would restart at each change of class), and only while
+        speculation is on: its acceptance known, off before it is served where
+        `_off_at_once` would turn off after it; its acceptance unknown, the shortest length
+        while it is learnt, where what its worst case could cost at the running length
+        pays for two restarts (`_hedge`; not `only_off`: the drafted steps' cost is not
+        calibrated yet)."""
+        if self.current == OFF or self.shares().get(cls, 0.0) > 0:  # (every request asks)
+            return None
+        if self.classes.get(cls, ClassAcceptance()).steps >= self.min_steps:
+            return self._off_for([(bucket_of(load), {cls: 1.0}, 0.0)], switch_cost)
+        return None if only_off else self._hedge(cls, load, switch_cost)
+
+    def _hedge(self, cls: str, load: int, switch_cost: float) -> Decision | None:
+        """A class never seen is served to learn what it accepts: `min_steps` drafted
+        steps. At the running length c a text that accepts nothing makes one token a step
+        and pays for c draft tokens each: the first prose after code at n=16 served at
+        about a tenth of off on the pair. p0 and rho are identified at any length >= 2
+        (tuning/acceptance.py), so the shortest such length q learns the same at little
+        risk. Switch to q when what learning at c could cost beyond learning at q, at
+        worst, exceeds two restarts (to q, then to the class's best):
+        min_steps · (step(c) - step(q)) > 2 S, each step at acceptance 0. Draft models
+        only: an n-gram drafter drafts where the text matches, so a text it cannot
+        predict costs it little."""
+        probe = [k for k in self.lengths if k >= 2]
+        cost = self.cost(bucket_of(load))
+        if not self.fills_length or not probe or cost is None or \
+                min(probe) >= self.current or cls in self.explored:
+            return None
+        q = min(probe)
+        at_q, at_c = cost.drafted(q, 0.0), cost.drafted(self.current, 0.0)
+        risk = self.min_steps * (at_c - at_q)
+        if risk <= 2 * switch_cost:
+            return None
+        return Decision(SWITCH, q, f"class {cls!r} never seen: its acceptance is learnt at "
+                        f"n={q}, where a text that accepts nothing costs "
+                        f"{at_q / cost.plain:.1f}x a plain step, not at n={self.current} "
+                        f"({at_c / cost.plain:.1f}x)",
+                        data={"mix": {cls: 1.0}, "learning": cls, "risk_s": round(risk, 1),
+                              "switch_cost_s": round(switch_cost, 1)})
+
+    def _off_for(self, entries: list[MixEntry], switch_cost: float) -> Decision | None:
+        """Rule 1 for these entries alone over MIN_HORIZON, if speculation is on and their
+        classes' acceptance is known and loses at every setting (None otherwise)."""
+        if self.current == OFF or any(
+                self.classes.get(c, ClassAcceptance()).steps < self.min_steps
+                for _, tokens, _ in entries for c in tokens):
+            return None
+        preds = self.predictions(entries)
+        if preds is None or max(p.high for k, p in preds.items() if k != OFF) >= 1.0:
+            return None
+        d = decide(preds, self.current, MIN_HORIZON, switch_cost, self.min_gain, False)
+        if d.setting != OFF:
+            return None
+        d.data["mix"] = self.rounded_shares(entries)
+        return d
+
+    def rounded_shares(self, entries: Sequence[MixEntry] | None = None) -> dict[str, float]:
+        """The mix's shares as a decision's event carries them."""
+        return {c: round(s, 3) for c, s in self.shares(entries).items()}
 
     def switched(self, decision: Decision) -> None:
         """The decision's setting now runs (the caller restarted the server)."""
@@ -283,6 +368,8 @@ class TuningController:
             return
         if decision.action == EXPLORE and (main := self.main_class()) is not None:
             self.explored.add(main)
+        if "learning" in decision.data:  # hedged once (`_hedge`): then served like any class
+            self.explored.add(decision.data["learning"])
         preds = decision.data.get("predicted", {})
         got = preds.get(describe(decision.setting))
         self.expected = got["mid"] if got else None

@@ -28,7 +28,8 @@ def logged(memory: TunerMemory, reason: str, data: dict[str, Any], now: float) -
              "expected_gain": data.get("expected_gain"),
              "remaining_busy_s": data.get("remaining_busy_s"),
              "switch_cost_s": data.get("switch_cost_s"), "mix": data.get("mix"),
-             "predicted": data.get("predicted"), "restart": None}
+             "predicted": data.get("predicted"), "learning": data.get("learning"),
+             "risk_s": data.get("risk_s"), "restart": None}
     return replace(memory, decisions=[*memory.decisions, entry][-KEPT:])
 
 
@@ -59,12 +60,16 @@ def expectation(d: dict[str, Any]) -> str:
     gain = d.get("expected_gain")
     minutes = (d.get("remaining_busy_s") or 0) / 60
     switch = d.get("switch_cost_s")
+    restart = f", a restart costs {switch:.0f} s" if isinstance(switch, int | float) else ""
+    if d.get("learning") is not None and isinstance(d.get("risk_s"), int | float):
+        return (f"learning what class {d['learning']!r} accepts where it risks least: at "
+                f"the old setting up to {d['risk_s']:.0f} s more if it accepts nothing"
+                + restart)
     if not isinstance(gain, int | float):
         return ""
     what = "trying it to learn this mix's acceptance" if d.get("action") == "explore" else \
         f"expected {'+' if gain >= 0 else ''}{100 * gain:.0f} % of busy time saved"
-    return (f"{what} for about {max(1, round(minutes))} minute(s) of this mix" +
-            (f", a restart costs {switch:.0f} s" if isinstance(switch, int | float) else ""))
+    return f"{what} for about {max(1, round(minutes))} minute(s) of this mix" + restart
 
 
 def why(view: dict[str, Any], memory: TunerMemory) -> dict[str, Any]:

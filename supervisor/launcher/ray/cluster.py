@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import signal
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -44,6 +45,29 @@ def first_line(exc: BaseException) -> str:
 
 def actor_name(target: str) -> str:
     return f"{ACTOR_PREFIX}{target}"
+
+
+# Ray's core worker installs abseil's failure signal handler when ray.init connects, for
+# SIGTERM among the crash signals: it writes a stack trace through Ray's logger, then hands
+# the signal on. Not async-signal-safe: a SIGTERM that came while another thread held the
+# logger's lock ended the daemon with SIGABRT before it stopped a single target (seen on a
+# loaded box: a daemon stopped right after it adopted an actor, and the actor and its
+# server outlived it). SIGTERM is the daemon's own way to stop, so its handler comes back.
+_OURS = (signal.SIGTERM,)
+
+
+def own_handlers() -> dict[int, Any]:
+    """The Python handlers of the signals Ray takes (read in the main thread)."""
+    return {sig: signal.getsignal(sig) for sig in _OURS}
+
+
+def take_back(handlers: dict[int, Any]) -> None:
+    """Install `handlers` again at the C level, over what Ray installed meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (the daemon's loop runs there)
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 class LastingThread:
@@ -120,7 +144,11 @@ class RayCluster:
         async with self._lock:
             if self._ray is None:
                 ray = import_ray()
-                await self._thread.run(self._init, ray)  # see LastingThread
+                ours = own_handlers()
+                try:
+                    await self._thread.run(self._init, ray)  # see LastingThread
+                finally:
+                    take_back(ours)
                 self._ray = ray
 
     def _init(self, ray: ModuleType) -> None:
