@@ -108,7 +108,7 @@ const views = {
       el("h3", {}, "Log"), log);
     drawCharts(charts, hist);
     await tailLog(name, log);
-    S.timers.push(setInterval(() => tailLog(name, log), 2000));
+    if (main.current) S.timers.push(setInterval(() => tailLog(name, log), 2000));
   },
 
   async requests(main) {
@@ -387,17 +387,36 @@ function refreshSoon() {
   pending = setTimeout(render, 150);
 }
 
+// Renders overlap: a hash change or an event starts one while another still awaits the API
+// (two hash changes in a row, or a slow answer). Only the newest may draw: an older one that
+// finishes later would put back the view the user left, and nothing redraws it until the
+// next event. A view draws through `main`, which refuses (STALE) once a newer render began.
+const STALE = new Error("a newer render began");
+let renders = 0;
+
+function canvas(view, mine) {
+  return {
+    replaceChildren(...nodes) {
+      if (mine !== renders) throw STALE;
+      view.replaceChildren(...nodes);
+    },
+    get current() { return mine === renders; },
+  };
+}
+
 async function render() {
   S.timers.forEach(clearInterval);
   S.timers = [];
   const [, view, arg] = (location.hash || "#/").split("/");
-  const main = document.getElementById("view");
+  const main = canvas(document.getElementById("view"), ++renders);
   try {
     if (view === "target") await views.target(main, decodeURIComponent(arg || ""));
     else if (views[view]) await views[view](main);
     else await views.fleet(main);
   } catch (err) {
-    if (err.message !== "logged out") main.replaceChildren(el("p", { class: "problems" }, String(err)));
+    if (err !== STALE && err.message !== "logged out" && main.current) {
+      main.replaceChildren(el("p", { class: "problems" }, String(err)));
+    }
   }
 }
 
