@@ -133,6 +133,12 @@ class AutoTuner:
         cannot, for this daemon's life)."""
         return self.active and self.memory.calibration is None and self._uncalibrated is None
 
+    @property
+    def may_decide(self) -> bool:
+        """Whether a decision can rest on a measured cost: the calibration's plain step is
+        in (then only off: `needs_calibration`), or no calibration is awaited."""
+        return self._interim or not self.needs_calibration
+
     def uncalibrated(self, why: str) -> None:
         """No calibration can run (no room beside the server): decide without one."""
         self._uncalibrated = why
@@ -241,7 +247,7 @@ class AutoTuner:
                       f"{check['predicted']:.2f}x this mix, measured {check['measured']:.2f}x",
                       check=check)
         self._checked = len(self.controller.checks)
-        if self._pending is None and (self._interim or not self.needs_calibration):
+        if self._pending is None and self.may_decide:
             decision = self.controller.decide(self.switch_cost(),
                                               only_off=self.needs_calibration)
             if decision is not None:
@@ -258,7 +264,7 @@ class AutoTuner:
         restart's (`apply_pending`), and the caller holds the request until the server
         that serves it runs the new setting."""
         if not self.active or self._pending is not None or self.sharing_cores or \
-                not (self._interim or not self.needs_calibration):
+                not self.may_decide:
             return None
         decision = self.controller.arriving(cls, load, self.switch_cost(),
                                             only_off=self.needs_calibration)

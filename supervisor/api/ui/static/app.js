@@ -414,7 +414,7 @@ async function render() {
     else if (views[view]) await views[view](main);
     else await views.fleet(main);
   } catch (err) {
-    if (err !== STALE && err.message !== "logged out" && main.current) {
+    if (main.current && err.message !== "logged out") {  // STALE: a newer render draws
       main.replaceChildren(el("p", { class: "problems" }, String(err)));
     }
   }
