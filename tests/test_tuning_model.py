@@ -312,3 +312,23 @@ def test_before_the_drafted_steps_are_calibrated_the_only_decision_is_off():
     assert winning.decide(switch_cost=5.0, only_off=True).action == KEEP
     # Without the restriction the same evidence may move it to another length.
     assert winning.decide(switch_cost=5.0).setting != OFF
+
+
+def test_a_run_of_a_minor_class_inside_a_mix_is_not_a_new_mix_but_a_new_class_is():
+    """Answers of 200 tokens: a mixed segment (4 code : 1 chat), then three chat answers
+    in a row (p = 0.008 at every answer of such a mix): the mix goes on. Three prose
+    answers after code alone: a new mix, the code before it dropped."""
+    ctrl = TuningController(lengths=[2, 4, 8, 16], current=OFF)
+
+    def answer(cls: str) -> None:
+        ctrl.observe(Observation(Interval(6.0, 200), OFF, 1, (), {cls: 200.0}))
+
+    for cls in (["code"] * 4 + ["chat"]) * 3 + ["chat"] * 3:
+        answer(cls)
+    assert 0.3 < ctrl.shares()["code"] < 0.8 and ctrl.lasted == pytest.approx(18 * 6.0)
+    for _ in range(12):
+        answer("code")
+    for _ in range(3):
+        answer("prose")
+    assert ctrl.shares() == {"prose": 1.0} and ctrl.lasted == pytest.approx(3 * 6.0)
+    assert ctrl.stretch["code"] > 0

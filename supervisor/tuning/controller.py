@@ -9,8 +9,9 @@ made), it keeps
 - the acceptance of each class (tuning/acceptance.py), from the intervals one class
   made (at least `PURE` of the tokens; mixed ones teach the cost only);
 - the mix: the tokens of each (load, class) lately, fading with a half-life of
-  the latest `MIX_TOKENS`, cut where a new mix began, and how long this mix has lasted
-  in busy seconds.
+  the latest `MIX_TOKENS`, cut where a new mix began (its newest tokens far from the
+  rest's shares and unlikely draws from them), and how long this mix has lasted in busy
+  seconds.
 
 `decide` predicts every setting for the mix (tuning/prediction.py) and applies the rule
 (tuning/rule.py) with R, the expected remaining busy time of this mix: the longest of
@@ -27,6 +28,7 @@ predicted (`checks`). Pure: no I/O, no clock of its own.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -46,6 +48,12 @@ CHANGE_TOKENS = 600.0  # the newest tokens compared with the rest for a change o
 MIN_HORIZON = 120.0  # busy seconds a new mix is expected to last at least
 MAX_HORIZON = 3600.0
 NEW_MIX = 0.6  # the newest tokens' classes this far from the rest's: a new mix
+# ... and that unlikely to come from the rest's shares: a G-test at p = 0.001 (one degree
+# of freedom), counting ANSWER_TOKENS tokens as one answer (the proxy counts tokens). Three
+# answers of a class with a fifth of a mixed segment's traffic came in a row in two seeds of
+# the simulated day; the distance alone read that as a new mix and turned off within it.
+CHANGE_G = 10.8
+ANSWER_TOKENS = 200.0
 CHECK_TOKENS = 1500
 MIN_EVIDENCE_STEPS = 60  # drafted steps at a new setting before it is judged again
 
@@ -201,13 +209,15 @@ class TuningController:
 
     def _follow_mix(self) -> None:
         """Keep the latest MIX_TOKENS of the mix; when its newest CHANGE_TOKENS differ from
-        the rest by more than NEW_MIX, a new mix began there: the rest is dropped (it
-        would bend the prediction towards the mix that ended) and the old mix's main
-        class notes how long it lasted."""
+        the rest by more than NEW_MIX and could hardly be drawn from the rest's shares
+        (`_unlikely`), a new mix began there: the rest is dropped (it would bend the
+        prediction towards the mix that ended) and the old mix's main class notes how long
+        it lasted."""
         newest, older, moved = self._split()
         self.lasted += newest[-1][2]
         if moved > NEW_MIX and sum(sum(t.values()) for _, t, _ in newest) >= CHANGE_TOKENS \
-                and sum(sum(t.values()) for _, t, _ in older) >= CHANGE_TOKENS:
+                and sum(sum(t.values()) for _, t, _ in older) >= CHANGE_TOKENS \
+                and _unlikely(_tokens(newest), _tokens(older)):
             old, new = self.shares(older), self.shares(newest)
             # The change is where the entries start to look like the new mix.
             while len(newest) > 1 and _distance(self.shares(newest[:1]), old) < \
@@ -218,7 +228,10 @@ class TuningController:
             lasted = self.lasted - new_seconds
             prev = self.stretch.get(main)
             self.stretch[main] = lasted if prev is None else (prev + lasted) / 2
-            self.recent, self.lasted = deque(newest), new_seconds
+            # The first entry of the new mix straddles the change: it holds the old mix's
+            # last answers too, which would bend the first prediction of the new one.
+            self.recent, self.lasted = deque(newest[1:] if len(newest) > 1 else newest), \
+                new_seconds
         while sum(sum(t.values()) for _, t, _ in list(self.recent)[1:]) >= MIX_TOKENS:
             self.recent.popleft()
 
@@ -389,3 +402,27 @@ class TuningController:
 def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
     """Half the L1 distance of two mixes' shares: 0 the same, 1 nothing in common."""
     return sum(abs(a.get(c, 0.0) - b.get(c, 0.0)) for c in set(a) | set(b)) / 2
+
+
+def _tokens(entries: Sequence[MixEntry]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for _, tokens, _ in entries:
+        for cls, n in tokens.items():
+            out[cls] = out.get(cls, 0.0) + n
+    return out
+
+
+def _unlikely(new: Mapping[str, float], old: Mapping[str, float]) -> bool:
+    """Whether `new`'s tokens by class are unlikely draws from `old`'s shares: the G
+    statistic (twice the log-likelihood ratio of their own shares over old's) above
+    CHANGE_G, in answers of ANSWER_TOKENS; old's shares take half an answer of every
+    class, so that one never seen there is unlikely, not impossible."""
+    classes = set(new) | set(old)
+    total = sum(old.values()) + 0.5 * ANSWER_TOKENS * len(classes)
+    count = sum(new.values())
+    g = 0.0
+    for cls, n in new.items():
+        if n > 0:
+            p = (old.get(cls, 0.0) + 0.5 * ANSWER_TOKENS) / total
+            g += 2 * (n / ANSWER_TOKENS) * math.log(n / (count * p))
+    return g > CHANGE_G
