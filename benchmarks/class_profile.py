@@ -3,6 +3,7 @@ setting (off, each draft length) the seconds a step costs and what each class of
 accepts, on the draft-model pair (`specfleet setup --pair`) and on n-gram.
 
     .venv/bin/python benchmarks/class_profile.py [--tokens 192] [--requests 3] \
+        [--requests-loaded 1] [--off-again] [--setups pair-partial,pair-close,ngram] \
         [--loads 1,4] [--out benchmarks/results/class_profile.json]
 
 Three kinds of cell, each on a fresh llama-server (`--ctx-size 4096 --parallel 4`,
@@ -147,10 +148,27 @@ def run_setting(binary: Path, model: str, spec_args: list[str], cells: list[tupl
         # One short request first: the first decode after a load pays page faults and
         # buffer set-up that no later step pays.
         request(server.base, "code", 999, 16)
-        return [{**cell(server.base, cls, load, args.requests if load == 1 else 1, args.tokens),
+        return [{**cell(server.base, cls, load,
+                        args.requests if load == 1 else args.requests_loaded, args.tokens),
                  "ready_seconds": round(ready, 2)} for cls, load in cells]
     finally:
         server.stop()
+
+
+def merged(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Off measured before a setup's settings and again after them, as one cell per class
+    and load (counters and wall time summed), each pass's tokens per second kept
+    (`passes`): how far the machine drifted while the setups ran."""
+    out = []
+    for cells in zip(*passes, strict=True):
+        first = cells[0]
+        counters = {k: sum(c["counters"][k] for c in cells) if k != "per_position" else []
+                    for k in first["counters"]}
+        out.append({**first, "wall_seconds": round(sum(c["wall_seconds"] for c in cells), 3),
+                    "counters": counters, "requests": [r for c in cells for r in c["requests"]],
+                    "passes": [round(c["counters"]["tokens"] / c["wall_seconds"], 2)
+                               for c in cells]})
+    return out
 
 
 def draft_args(draft: str, k: int) -> list[str]:
@@ -162,6 +180,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--requests", type=int, default=3, help="per class at load 1")
+    ap.add_argument("--requests-loaded", type=int, default=1,
+                    help="per class and client at the higher loads")
+    ap.add_argument("--off-again", action="store_true",
+                    help="measure off again after each setup's settings (merged)")
     ap.add_argument("--loads", default="1,4")
     ap.add_argument("--lengths", default="2,4,8,16")
     ap.add_argument("--ngram-lengths", default="8,16,32,64")
@@ -197,13 +219,18 @@ def main() -> int:
         work = Path(tmp)
         if any(s.startswith("pair") for s in setups):
             off = run_setting(binary, pair["target"], [], text_cells, args, work)
+            off_passes = [off]
         for setup in setups:
             if setup == "ngram":
-                record(setup, "off", run_setting(binary, q4, [], text_cells, args, work))
+                off_q4 = run_setting(binary, q4, [], text_cells, args, work)
+                record(setup, "off", off_q4)
                 for k in (int(x) for x in args.ngram_lengths.split(",")):
                     record(setup, f"k={k}", run_setting(
                         binary, q4, ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max",
                                      str(k)], text_cells, args, work))
+                if args.off_again:
+                    record(setup, "off", merged(
+                        [off_q4, run_setting(binary, q4, [], text_cells, args, work)]))
                 continue
             draft = pair["partial_draft" if setup == "pair-partial" else "close_draft"]
             record(setup, "off", off)
@@ -215,6 +242,10 @@ def main() -> int:
                     record(setup, f"k={k} synth={r}", run_setting(
                         binary, pair["target"], draft_args(draft, k) + synth,
                         [("code", load) for load in loads], args, work))
+            if args.off_again:  # each pair setup's pass joins the passes before it
+                off_passes.append(run_setting(binary, pair["target"], [], text_cells, args,
+                                              work))
+                record(setup, "off", merged(off_passes))
     result["seconds"] = round(time.monotonic() - t0)
     result["others_running"] = sorted(others)
     args.out.write_text(json.dumps(result, indent=1))
