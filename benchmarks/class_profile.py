@@ -3,7 +3,8 @@ setting (off, each draft length) the seconds a step costs and what each class of
 accepts, on the draft-model pair (`specfleet setup --pair`) and on n-gram.
 
     .venv/bin/python benchmarks/class_profile.py [--tokens 192] [--requests 3] \
-        [--requests-loaded 1] [--off-again] [--setups pair-partial,pair-close,ngram] \
+        [--requests-loaded 1] [--class-requests prose=3/1] [--off-again] \
+        [--setups pair-partial,pair-close,ngram] \
         [--loads 1,4] [--out benchmarks/results/class_profile.json]
 
 Three kinds of cell, each on a fresh llama-server (`--ctx-size 4096 --parallel 4`,
@@ -139,7 +140,10 @@ def server_cmd(binary: Path, model: str, threads: int, port: int) -> list[str]:
 
 
 def run_setting(binary: Path, model: str, spec_args: list[str], cells: list[tuple[str, int]],
-                args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+                args: argparse.Namespace, work: Path, counts_as: str | None = None
+                ) -> list[dict[str, Any]]:
+    """`counts_as`: the name `--class-requests` knows these cells by (synthetic ones:
+    "synth"), if not their class's."""
     port = free_port()
     server = Server(server_cmd(binary, model, args.threads, port) + spec_args,
                     dict(os.environ), port, work / "server.log")
@@ -148,11 +152,21 @@ def run_setting(binary: Path, model: str, spec_args: list[str], cells: list[tupl
         # One short request first: the first decode after a load pays page faults and
         # buffer set-up that no later step pays.
         request(server.base, "code", 999, 16)
-        return [{**cell(server.base, cls, load,
-                        args.requests if load == 1 else args.requests_loaded, args.tokens),
+        return [{**cell(server.base, cls, load, answers(args, counts_as or cls, load),
+                        args.tokens),
                  "ready_seconds": round(ready, 2)} for cls, load in cells]
     finally:
         server.stop()
+
+
+def answers(args: argparse.Namespace, cls: str, load: int) -> int:
+    """Answers per client of a cell: `--class-requests` for the class, else the default."""
+    for item in filter(None, args.class_requests.split(",")):
+        name, _, counts = item.partition("=")
+        one, _, loaded = counts.partition("/")
+        if name == cls:
+            return int(one) if load == 1 else int(loaded or 1)
+    return args.requests if load == 1 else args.requests_loaded
 
 
 def merged(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -182,6 +196,10 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3, help="per class at load 1")
     ap.add_argument("--requests-loaded", type=int, default=1,
                     help="per class and client at the higher loads")
+    ap.add_argument("--class-requests", default="",
+                    help="per class, e.g. prose=3/1,synth=3/1: answers at load 1 / per "
+                    "client above (a slow class's cells are long already; synth: the "
+                    "synthetic-acceptance cells)")
     ap.add_argument("--off-again", action="store_true",
                     help="measure off again after each setup's settings (merged)")
     ap.add_argument("--loads", default="1,4")
@@ -241,7 +259,7 @@ def main() -> int:
                     synth = ["--spec-synth-rates", ",".join([str(r)] * k)]
                     record(setup, f"k={k} synth={r}", run_setting(
                         binary, pair["target"], draft_args(draft, k) + synth,
-                        [("code", load) for load in loads], args, work))
+                        [("code", load) for load in loads], args, work, "synth"))
             if args.off_again:  # each pair setup's pass joins the passes before it
                 off_passes.append(run_setting(binary, pair["target"], [], text_cells, args,
                                               work))
