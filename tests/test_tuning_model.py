@@ -312,6 +312,12 @@ def test_before_the_drafted_steps_are_calibrated_the_only_decision_is_off():
     assert winning.decide(switch_cost=5.0, only_off=True).action == KEEP
     # Without the restriction the same evidence may move it to another length.
     assert winning.decide(switch_cost=5.0).setting != OFF
+    # One that loses by less than min_gain even at its best waits for the lengths: off is
+    # sticky, and a length beside it may win.
+    close = serve(2, 0.45, 0.4)
+    d = close.decide(switch_cost=5.0, only_off=True)
+    assert 1 - close.min_gain < d.data["predicted"]["n=2"]["high"] < 1
+    assert d.action == KEEP
 
 
 def test_a_run_of_a_minor_class_inside_a_mix_is_not_a_new_mix_but_a_new_class_is():
