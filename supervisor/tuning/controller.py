@@ -188,10 +188,7 @@ class TuningController:
         return max(0.0, rates[cls] - min(rates.values()))
 
     def shares(self, intervals: Sequence[MixEntry] | None = None) -> dict[str, float]:
-        by_class: dict[str, float] = {}
-        for _, tokens, _ in self.recent if intervals is None else intervals:
-            for cls, n in tokens.items():
-                by_class[cls] = by_class.get(cls, 0.0) + n
+        by_class = _tokens(self.recent if intervals is None else intervals)
         total = sum(by_class.values()) or 1.0
         return {c: w / total for c, w in by_class.items()}
 
@@ -215,9 +212,10 @@ class TuningController:
         it lasted."""
         newest, older, moved = self._split()
         self.lasted += newest[-1][2]
-        if moved > NEW_MIX and sum(sum(t.values()) for _, t, _ in newest) >= CHANGE_TOKENS \
-                and sum(sum(t.values()) for _, t, _ in older) >= CHANGE_TOKENS \
-                and _unlikely(_tokens(newest), _tokens(older)):
+        new_tokens, old_tokens = _tokens(newest), _tokens(older)
+        if moved > NEW_MIX and sum(new_tokens.values()) >= CHANGE_TOKENS \
+                and sum(old_tokens.values()) >= CHANGE_TOKENS \
+                and _unlikely(new_tokens, old_tokens):
             old, new = self.shares(older), self.shares(newest)
             # The change is where the entries start to look like the new mix.
             while len(newest) > 1 and _distance(self.shares(newest[:1]), old) < \
@@ -410,7 +408,8 @@ def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
     return sum(abs(a.get(c, 0.0) - b.get(c, 0.0)) for c in set(a) | set(b)) / 2
 
 
-def _tokens(entries: Sequence[MixEntry]) -> dict[str, float]:
+def _tokens(entries: Sequence[MixEntry] | deque[MixEntry]) -> dict[str, float]:
+    """The entries' tokens by class."""
     out: dict[str, float] = {}
     for _, tokens, _ in entries:
         for cls, n in tokens.items():
