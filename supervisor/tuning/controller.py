@@ -405,7 +405,8 @@ class TuningController:
 
 def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
     """Half the L1 distance of two mixes' shares: 0 the same, 1 nothing in common."""
-    return sum(abs(a.get(c, 0.0) - b.get(c, 0.0)) for c in set(a) | set(b)) / 2
+    # Sorted: a sum over a set follows the hash seed, and a tie at a threshold then would too.
+    return sum(abs(a.get(c, 0.0) - b.get(c, 0.0)) for c in sorted(set(a) | set(b))) / 2
 
 
 def _tokens(entries: Sequence[MixEntry] | deque[MixEntry]) -> dict[str, float]:
