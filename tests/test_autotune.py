@@ -17,10 +17,11 @@ CHEAP = StepCost(plain=0.04, step=0.06, per_draft=0.004, per_accepted=0.0)
 DEAR = StepCost(plain=0.04, step=0.05, per_draft=0.04, per_accepted=0.0)
 
 
-def make(tmp_path, method: str = "draft", **tuning) -> tuple[AutoTuner, list[tuple[str, str, dict]]]:
+def make(tmp_path, method: str = "draft", start: int = 4,
+         **tuning) -> tuple[AutoTuner, list[tuple[str, str, dict]]]:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    spec = {"method": method, "length": {"start": 4, "min": 1, "max": 16}}
+    spec = {"method": method, "length": {"start": start, "min": 1, "max": 16}}
     if method == "draft":
         spec["draft"] = str(model)
     target = Target(name="t", model=str(model), port=1, speculation=spec,
@@ -75,6 +76,22 @@ def test_no_decision_before_the_calibration_then_the_model_decides(tmp_path):
     assert not tuner.needs_calibration and events[-1][1].startswith("calibrated: a plain step 40")
     reason = tuner.observe(c.serve(4, 0.95, 200, busy=0))
     assert reason is not None and tuner.last is not None and tuner.last.setting > 4
+
+
+def test_the_first_decision_is_said_even_when_it_keeps_the_setting(tmp_path):
+    # A keep changes nothing, so only applied decisions are events; the first one says
+    # that tuning has begun and on what prediction (a busy box's first minutes).
+    tuner, events = make(tmp_path, start=16)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    calibrate(tuner, CHEAP)
+    c = Counters(CHEAP)
+    for _ in range(10):
+        assert tuner.observe(c.serve(16, 0.95, 200, busy=1)) is None
+    firsts = [(r, d) for kind, r, d in events if r.startswith("first decision")]
+    assert len(firsts) == 1 and tuner.last is not None and tuner.last.setting == 16
+    reason, data = firsts[0]
+    assert "n=16 is predicted best" in reason and data["action"] == "keep"
+    assert data["new"] == "n=16" and data["predicted"]["n=16"]["mid"] > 1
 
 
 def test_once_the_plain_step_is_measured_a_losing_setting_is_turned_off_before_the_rest(

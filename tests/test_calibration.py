@@ -162,6 +162,44 @@ async def test_a_calibration_that_gives_way_too_long_lets_the_tuner_decide_meanw
     assert tuner.memory.calibration is not None
 
 
+async def test_an_ngram_tuner_decides_from_serving_at_once_while_its_calibration_runs(
+        tmp_path, monkeypatch):
+    # Its calibration can measure only the plain step, which serving shows too (the steps
+    # that matched nothing): on a box whose traffic never pauses it would wait for minutes.
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    target = Target(name="n", model=str(model), port=1, speculation={"method": "ngram"},
+                    tuning={"enabled": True})
+    events: list[str] = []
+    tuner = AutoTuner(target, LlamaCppBackend(target), None,
+                      lambda kind, reason, **data: events.append(reason))
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    assert tuner.needs_calibration and not tuner.may_decide
+    finish = asyncio.Event()
+
+    async def slow_run(self, lengths, plain_measured):
+        await finish.wait()
+        return Calibration({"1": StepCost(0.04, 0.0, 0.0, 0.0)}, 9, ())
+
+    async def room() -> tuple[bool, str]:
+        return True, "room"
+
+    monkeypatch.setattr(Calibrator, "run", slow_run)
+    monkeypatch.setattr(calibration, "PATIENCE_S", 0.05)
+    calibrating = Calibrating(lambda kind, reason, **data: events.append(reason))
+    calibrating.maybe_start(target, tuner.backend, tuner, tmp_path, room)
+    await asyncio.sleep(0.2)
+    assert tuner.may_decide and calibrating.running
+    assert "deciding from serving meanwhile" in events[-1]
+    assert not any("has not measured a plain step" in e for e in events)  # said once
+    finish.set()
+    await asyncio.sleep(0.05)
+    assert events[-1].startswith("calibrated: a plain step 40") and tuner.memory.calibration
+    # A draft model's served steps all draft: it still waits for the plain step.
+    target, tuner, events = draft_tuner(tmp_path)
+    assert not tuner.serving_shows_plain_steps and not tuner.may_decide
+
+
 @pytest.mark.parametrize("patience", [3600, 0.05])
 async def test_a_calibration_stopped_while_it_runs_stops_its_server_first(
         tmp_path, monkeypatch, patience):

@@ -269,10 +269,17 @@ class Calibrating:
         length = target.speculation.length
         lengths = lengths_for(length.min, length.max or backend_cls(target).length_ceiling())
         calibrator = Calibrator(target, backend_cls, work, serving=serving)
+        synthetic = calibrator.supported(lengths[0])
         what = (f"draft lengths {lengths[0]} and {lengths[1]} at a synthetic acceptance"
-                if calibrator.supported(lengths[0]) else "the plain step (this runtime cannot "
-                "force an acceptance: what a drafted step costs is learnt from serving)")
+                if synthetic else "the plain step (this runtime cannot force an acceptance: "
+                "what a drafted step costs is learnt from serving)")
         self.emit("tuning", f"calibrating beside the server: {what} ({why})")
+        if not synthetic and tuner.serving_shows_plain_steps:
+            # All it could measure, serving measures too: on a busy box it gives way for
+            # minutes (never, under traffic that does not pause) while the served steps
+            # that drafted nothing say what a plain step costs. Its result still sharpens.
+            tuner.uncalibrated("deciding from serving meanwhile: the steps that drafted "
+                               "nothing are plain steps")
         plain_in = asyncio.Event()
 
         def plain_measured(plain: Calibration) -> None:
@@ -282,7 +289,7 @@ class Calibrating:
         running = asyncio.ensure_future(calibrator.run(lengths, plain_measured))
         try:
             await asyncio.wait([running], timeout=PATIENCE_S)
-            if not running.done() and not plain_in.is_set():
+            if not running.done() and not plain_in.is_set() and tuner.needs_calibration:
                 # It gives way to serving: on a host whose cores serving keeps busy it may
                 # not get far. Decide from serving meanwhile; its result still comes in.
                 tuner.uncalibrated(

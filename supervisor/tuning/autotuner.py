@@ -139,8 +139,16 @@ class AutoTuner:
         in (then only off: `needs_calibration`), or no calibration is awaited."""
         return self._interim or not self.needs_calibration
 
+    @property
+    def serving_shows_plain_steps(self) -> bool:
+        """Whether the served counters hold plain steps beside drafted ones: an n-gram
+        drafter drafts only where the text matches, so the steps that matched nothing are
+        plain (a draft model drafts on every step)."""
+        return not self.controller.fills_length
+
     def uncalibrated(self, why: str) -> None:
-        """No calibration can run (no room beside the server): decide without one."""
+        """No calibration can run (no room beside the server), or none is worth waiting
+        for: decide without one."""
         self._uncalibrated = why
         self.emit("tuning", why)
 
@@ -251,9 +259,13 @@ class AutoTuner:
             decision = self.controller.decide(self.switch_cost(),
                                               only_off=self.needs_calibration)
             if decision is not None:
-                self.last = decision
+                first, self.last = self.last is None, decision
                 if decision.action != KEEP:
                     self._pending, self._pending_since = decision, self.clock()
+                elif first:  # an operator sees that tuning has begun, and on what
+                    self.emit("tuning", f"first decision: {decision.reason}",
+                              **{**decision.data, "action": KEEP,
+                                 "new": describe(decision.setting)})
         return self._due(sample)
 
     def arriving(self, cls: str, load: int) -> str | None:
