@@ -78,6 +78,21 @@ def test_plain_steps_seen_in_numbers_say_what_a_plain_step_costs_without_a_calib
     assert got is not None and got.plain == pytest.approx(dear.plain, rel=0.02)
 
 
+def test_a_term_that_would_cost_less_than_nothing_is_held_at_zero_and_the_rest_refitted():
+    # Counters of n-gram code at one client on an AMD EPYC (class_profile-ngram-run2.json):
+    # off, then n-max 8, 16, 32, 64, which accepted about as many tokens each. The free
+    # fit wants a negative cost per accepted token; clipped to 0 afterwards it missed every
+    # drafted cell by +37 to +58 %.
+    cells = [Interval(83.9, 4608, 0, 0, 0), Interval(29.2, 2304, 218, 1714, 1653),
+             Interval(25.5, 2304, 115, 1780, 1677), Interval(31.4, 2304, 67, 2006, 1676),
+             Interval(32.0, 2304, 39, 2264, 1691)]
+    cost = fit(cells)
+    assert cost is not None and min(cost.as_list()) >= 0
+    for iv in cells:
+        predicted = sum(c * x for c, x in zip(cost.as_list(), iv.row(), strict=True))
+        assert abs(predicted / iv.seconds - 1) < 0.11
+
+
 def test_steps_without_a_draft_teach_that_a_class_rarely_drafts():
     # An n-gram drafter finds no match in prose: hundreds of steps, no draft. The class is
     # then predicted as off, not as paying for the drafts of the prior's one step in two.
