@@ -265,6 +265,7 @@ class AutoTuner:
                 elif first:  # an operator sees that tuning has begun, and on what
                     self.emit("tuning", f"first decision: {decision.reason}",
                               **{**decision.data, "action": KEEP,
+                                 "old": describe(decision.setting),
                                  "new": describe(decision.setting)})
         return self._due(sample)
 
