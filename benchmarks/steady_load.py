@@ -207,7 +207,8 @@ def main() -> int:
     first = tuned[0]["started"]
     made = [{"after_s": round(e["time"] - first), "action": (e.get("data") or {}).get("action"),
              "old": (e.get("data") or {}).get("old"),
-             "new": (e.get("data") or {}).get("new"), "reason": e.get("reason")}
+             "new": (e.get("data") or {}).get("new") or (e.get("data") or {}).get("setting"),
+             "reason": e.get("reason")}
             for e in decisions]
     acted = [d for d in made if d["action"]]
     final = [r for r in tuned if r["cycle"] >= args.tuned_cycles - args.final]

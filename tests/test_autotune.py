@@ -91,7 +91,9 @@ def test_the_first_decision_is_said_even_when_it_keeps_the_setting(tmp_path):
     assert len(firsts) == 1 and tuner.last is not None and tuner.last.setting == 16
     reason, data = firsts[0]
     assert "n=16 is predicted best" in reason and data["action"] == "keep"
-    assert data["new"] == "n=16" and data["predicted"]["n=16"]["mid"] > 1
+    # Named `setting`, not old/new: an event with a new setting is a switch applied.
+    assert data["setting"] == "n=16" and "new" not in data
+    assert data["predicted"]["n=16"]["mid"] > 1
 
 
 def test_once_the_plain_step_is_measured_a_losing_setting_is_turned_off_before_the_rest(

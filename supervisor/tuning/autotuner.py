@@ -263,10 +263,8 @@ class AutoTuner:
                 if decision.action != KEEP:
                     self._pending, self._pending_since = decision, self.clock()
                 elif first:  # an operator sees that tuning has begun, and on what
-                    self.emit("tuning", f"first decision: {decision.reason}",
-                              **{**decision.data, "action": KEEP,
-                                 "old": describe(decision.setting),
-                                 "new": describe(decision.setting)})
+                    self.emit("tuning", f"first decision: {decision.reason}", **{
+                        **decision.data, "action": KEEP, "setting": describe(decision.setting)})
         return self._due(sample)
 
     def arriving(self, cls: str, load: int) -> str | None:
