@@ -64,6 +64,15 @@ def calibrate(tuner: AutoTuner, cost: StepCost) -> None:
     tuner.calibrated({"costs": {"1": cost.to_dict()}, "lengths": [2, 16], "intervals": 18})
 
 
+def calibrated(tmp_path, **kwargs) -> tuple[AutoTuner, list[tuple[str, str, dict]], Counters]:
+    """A tuner (`make`'s arguments) whose runtime started and whose calibration measured
+    CHEAP, and the counters of a server that costs that."""
+    tuner, events = make(tmp_path, **kwargs)
+    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
+    calibrate(tuner, CHEAP)
+    return tuner, events, Counters(CHEAP)
+
+
 def test_no_decision_before_the_calibration_then_the_model_decides(tmp_path):
     tuner, events = make(tmp_path)
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
@@ -81,10 +90,7 @@ def test_no_decision_before_the_calibration_then_the_model_decides(tmp_path):
 def test_the_first_decision_is_said_even_when_it_keeps_the_setting(tmp_path):
     # A keep changes nothing, so only applied decisions are events; the first one says
     # that tuning has begun and on what prediction (a busy box's first minutes).
-    tuner, events = make(tmp_path, start=16)
-    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
-    calibrate(tuner, CHEAP)
-    c = Counters(CHEAP)
+    tuner, events, c = calibrated(tmp_path, start=16)
     for _ in range(10):
         assert tuner.observe(c.serve(16, 0.95, 200, busy=1)) is None
     firsts = [(r, d) for kind, r, d in events if r.startswith("first decision")]
@@ -161,10 +167,7 @@ def test_a_plain_step_that_comes_after_the_tuner_gave_up_waiting_holds_nothing(t
 
 
 def test_a_decision_waits_for_an_idle_server_then_is_applied_and_persisted(tmp_path):
-    tuner, events = make(tmp_path, max_wait=3600)
-    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
-    calibrate(tuner, CHEAP)
-    c = Counters(CHEAP)
+    tuner, events, c = calibrated(tmp_path, max_wait=3600)
     for _ in range(5):
         assert tuner.observe(c.serve(4, 0.95, 200, busy=2)) is None  # pending, server busy
     assert tuner.view()["pending"] and "idle server" in tuner.view()["waiting_for"]
@@ -207,10 +210,7 @@ def test_a_draft_as_dear_as_the_target_is_turned_off_and_stays_off(tmp_path):
 
 
 def test_each_class_the_proxy_names_is_learnt_apart(tmp_path):
-    tuner, _ = make(tmp_path)
-    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
-    calibrate(tuner, CHEAP)
-    c = Counters(CHEAP)
+    tuner, _, c = calibrated(tmp_path)
     tuner.observe(c.serve(4, 0.9, 200), proxy_classes={"greedy /completion": 300})
     tuner.observe(c.serve(4, 0.3, 200), proxy_classes={"sampled /v1/chat/completions": 300})
     classes = tuner.view()["classes"]
@@ -242,10 +242,7 @@ def test_a_plain_step_measured_for_other_files_allows_no_decision(tmp_path):
 
 
 def test_a_daemon_restart_keeps_the_setting_the_calibration_and_what_was_learnt(tmp_path):
-    tuner, _ = make(tmp_path)
-    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
-    calibrate(tuner, CHEAP)
-    c = Counters(CHEAP)
+    tuner, _, c = calibrated(tmp_path)
     assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is not None
     tuner.apply_pending()
     again, _ = make(tmp_path)
@@ -289,10 +286,7 @@ def test_while_an_old_server_computes_on_the_same_cores_nothing_is_evidence(tmp_
 
 def test_the_prediction_a_decision_rested_on_is_checked_once_the_new_setting_has_served(
         tmp_path):
-    tuner, events = make(tmp_path)
-    tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
-    calibrate(tuner, CHEAP)
-    c = Counters(CHEAP)
+    tuner, events, c = calibrated(tmp_path)
     assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is not None
     tuner.apply_pending()
     k = tuner.draft_length
