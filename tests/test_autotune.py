@@ -169,7 +169,7 @@ def test_a_plain_step_that_comes_after_the_tuner_gave_up_waiting_holds_nothing(t
 def test_a_decision_waits_for_an_idle_server_then_is_applied_and_persisted(tmp_path):
     tuner, events, c = calibrated(tmp_path, max_wait=3600)
     for _ in range(5):
-        assert tuner.observe(c.serve(4, 0.95, 200, busy=2)) is None  # pending, server busy
+        assert tuner.observe(c.serve(4, 0.95, 200, busy=1)) is None  # pending, server busy
     assert tuner.view()["pending"] and "idle server" in tuner.view()["waiting_for"]
     reason = tuner.observe(c.serve(4, 0.95, 200, busy=0))
     assert reason is not None

@@ -125,3 +125,12 @@ def test_a_class_never_seen_learnt_at_a_short_length_says_what_it_risked():
     assert evidence.expectation(memory.decisions[-1]) == (
         "learning what class 'poetry' accepts where it risks least: at the old setting up "
         "to 22 s more if it accepts nothing, a restart costs 5 s")
+
+
+def test_serving_off_to_measure_a_load_says_so():
+    data = {"action": "explore", "expected_gain": 0.0, "mix": {"code": 1.0},
+            "measuring": "8+", "switch_cost_s": 5.0}
+    memory = evidence.logged(TunerMemory("f"), "what a step costs … never measured", data, 0.0)
+    assert evidence.expectation(memory.decisions[-1]) == (
+        "measuring what a step costs without speculation at 8+ requests running, a restart "
+        "costs 5 s")

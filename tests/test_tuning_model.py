@@ -353,3 +353,53 @@ def test_a_run_of_a_minor_class_inside_a_mix_is_not_a_new_mix_but_a_new_class_is
         answer("prose")
     assert ctrl.shares() == {"prose": 1.0} and ctrl.lasted == pytest.approx(3 * 6.0)
     assert ctrl.stretch["code"] > 0
+
+
+def test_where_off_was_never_measured_the_tuner_serves_off_to_measure_it():
+    """Eight requests in one batch: every request's step, plain or drafted, waits for the
+    whole batch, whose drafts add to it. A speculating server's intervals then hold plain
+    and drafted steps in one proportion and cannot tell what a batch without drafts costs;
+    fitted from them, the plain step was the batch's average and n-gram lengths that lose
+    were predicted to win. Calibrated at one request only, the tuner serves off at eight
+    to measure it, then predicts from it."""
+    base, per_draft = 0.1, 0.02  # a batch step without drafts; what each draft token adds
+    k, a = 16, 1.0  # n-max 16 drafting every other step, accepting one token a draft
+    ctrl = TuningController(lengths=[8, 16, 32], current=k, fills_length=False)
+    ctrl.calibrated({"1": TRUE}, shaped=False)
+
+    def batch(setting: int, steps: int = 200) -> Interval:
+        if setting == OFF:
+            return Interval(base * steps, steps)
+        drafted = steps / 2
+        return Interval(steps * (base + 0.5 * k * per_draft), steps + drafted * a, drafted,
+                        drafted * k, drafted * a, speculating=True)
+
+    pos = geometric(0.5, 0.5, k, 100)
+    for _ in range(20):
+        iv = batch(k)
+        ctrl.observe(Observation(iv, k, 8, pos, {"code": iv.tokens}))
+    d = ctrl.decide(switch_cost=5.0)
+    assert d is not None and (d.action, d.setting, d.data["measuring"]) == (EXPLORE, OFF, "8+")
+    assert "never measured" in d.reason
+    ctrl.switched(d)
+    assert "code" not in ctrl.explored  # measuring off is not learning the class
+    iv = batch(OFF, 100)
+    ctrl.observe(Observation(iv, OFF, 8, (), {"code": iv.tokens}))
+    d = ctrl.decide(switch_cost=5.0)
+    assert d is not None and d.action == KEEP and "measuring" in d.reason
+    for _ in range(5):
+        iv = batch(OFF)
+        ctrl.observe(Observation(iv, OFF, 8, (), {"code": iv.tokens}))
+    truth = 1.5 * base / (base + 0.5 * k * per_draft)  # 0.58: n=16 loses at eight (n=8 0.83)
+    d = ctrl.decide(switch_cost=5.0)
+    assert d is not None and d.setting == OFF and "measuring" not in d.data
+    assert d.data["predicted"]["n=16"]["mid"] == pytest.approx(truth, rel=0.1)
+    # One request at a time, the same server's steps each run alone: the plain step is
+    # known from them, and nothing is measured off.
+    alone = TuningController(lengths=[8, 16, 32], current=k, fills_length=False)
+    for _ in range(20):
+        iv = batch(k)
+        alone.observe(Observation(iv, k, 1, pos, {"code": iv.tokens}))
+    assert alone.unmeasured() is None
+    d = alone.decide(switch_cost=5.0)
+    assert d is not None and "measuring" not in d.data

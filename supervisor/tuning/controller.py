@@ -125,9 +125,8 @@ class TuningController:
         for b in BUCKETS:
             i = BUCKETS.index(b)
             near = min(costs, key=lambda c: abs(BUCKETS.index(c) - i))
-            fit_ = self.costs.get(b) or CostFit()
-            self.costs[b] = CostFit(costs[near], fit_.xtx, fit_.xty, fit_.steps, fit_.seconds,
-                                    shaped)
+            self.costs[b] = replace(self.costs.get(b) or CostFit(), prior=costs[near],
+                                    shaped=shaped, plain_measured=b in costs)
 
     def cost(self, bucket: str) -> StepCost | None:
         """The bucket's cost, else the nearest bucket's with data."""
@@ -154,7 +153,8 @@ class TuningController:
         extra = sum(self.overhead(c) * n / total for c, n in obs.class_tokens.items()) \
             if total > 0 else 0.0
         self.costs.setdefault(bucket, CostFit(self.cost(bucket))).add(
-            replace(iv, seconds=max(iv.seconds * 0.05, iv.seconds - extra * iv.tokens)))
+            replace(iv, seconds=max(iv.seconds * 0.05, iv.seconds - extra * iv.tokens)),
+            alone=bucket == BUCKETS[0])
         if main is None:
             return
         if obs.setting != OFF and pure:
@@ -271,6 +271,22 @@ class TuningController:
         return any(self.classes.get(c, ClassAcceptance()).steps < self.min_steps
                    for c, s in shares.items() if s >= 0.2)
 
+    def unmeasured(self) -> str | None:
+        """The load where the mix spends the most busy time, if its plain step is not known
+        there (tuning/cost.py) and lies beyond every load where it is (between two, such
+        as 2-3 requests between a calibration's 1 and 4, it lies between theirs); None
+        otherwise."""
+        seconds: dict[str, float] = {}
+        for bucket, _, sec in self.recent:
+            seconds[bucket] = seconds.get(bucket, 0.0) + sec
+        if not seconds:
+            return None
+        busiest = max(seconds, key=lambda b: seconds[b])
+        known = [i for i, b in enumerate(BUCKETS) if b in self.costs and
+                 self.costs[b].plain_known]
+        i = BUCKETS.index(busiest)
+        return None if known and min(known) <= i <= max(known) else busiest
+
     def decide(self, switch_cost: float, only_off: bool = False) -> Decision | None:
         """The rule's decision now; None while the model cannot predict (no cost measured,
         no traffic seen) or the setting has just changed and shows too little yet.
@@ -289,7 +305,8 @@ class TuningController:
         unknown = self.unknown() and self.main_class() not in self.explored
         if only_off:  # the running setting against off: the two that rest on measurement
             preds = {k: p for k, p in preds.items() if k in (OFF, self.current)}
-        d = decide(preds, self.current, self.remaining(), switch_cost, self.min_gain, unknown)
+        d = decide(preds, self.current, self.remaining(), switch_cost, self.min_gain, unknown,
+                   self.unmeasured())
         d.data["mix"] = self.rounded_shares()
         # Before the lengths are calibrated, off only where the running setting loses by
         # more than min_gain even at its best: off is sticky (from off, a length must gain
@@ -297,7 +314,8 @@ class TuningController:
         # little may sit beside a length that wins (on the pair, n=4 at 0.98x off and n=16
         # at 1.17x on code: turned off before the lengths were in, one seed of the
         # simulated day served every code segment off).
-        if only_off and (d.setting != OFF or preds[self.current].high > 1 - self.min_gain):
+        if only_off and "measuring" not in d.data and (
+                d.setting != OFF or preds[self.current].high > 1 - self.min_gain):
             return Decision(KEEP, self.current, "waiting for the calibration's drafted steps",
                             data=d.data)
         return d
@@ -383,7 +401,8 @@ class TuningController:
         """The decision's setting now runs (the caller restarted the server)."""
         if decision.action == KEEP:
             return
-        if decision.action == EXPLORE and (main := self.main_class()) is not None:
+        if decision.action == EXPLORE and decision.setting != OFF and \
+                (main := self.main_class()) is not None:
             self.explored.add(main)
         if "learning" in decision.data:  # hedged once (`_hedge`): then served like any class
             self.explored.add(decision.data["learning"])

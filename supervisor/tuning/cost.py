@@ -20,6 +20,19 @@ apart: every coefficient is identifiable) and the serving server's alike. Served
 draft length, `draft_tokens` is k times `drafted_steps` and only their sum is learnt from
 it: the fit is a ridge regression pulled towards the calibration, so serving refines what
 it can tell apart and leaves the rest.
+
+With several requests running, one step of the server is one batch, and each request in
+it waits for the whole batch: a request's plain step beside others' drafts costs what the
+batch costs. Summed over an interval that is still the model above (t_plain the step of
+a batch without drafts, the drafted terms what each draft adds to its batch, times the
+requests that wait for it), but a speculating server's intervals cannot tell t_plain from
+the drafted terms: their plain and drafted steps come in the same proportions in every
+interval. So the plain step at a load is known only where it was measured without
+drafts beside it (`plain_known`): a calibration at that load, steps served with
+speculation off, or steps that ran alone (one request running). Elsewhere the fit put
+the plain step at what the average step of a speculating batch costs: at 8 clients of
+n-gram code on 2 cores, twice what a step of a server without speculation costs, so
+every length was predicted 2-4x off where off served more.
 Pure: counts in, coefficients out.
 """
 
@@ -38,6 +51,8 @@ PRIOR_COUNT = 100.0  # the prior weighs as this many steps of each term
 # Each new interval's statistics count fully, older ones fade with this factor per interval
 # (about 2,000 intervals' memory): a build's cost drifts little, a machine's load does.
 FORGET = 0.9995
+# Plain steps measured without drafts beside them after which a load's plain step is known.
+OFF_STEPS = 200.0
 
 
 @dataclass(frozen=True)
@@ -100,10 +115,22 @@ class CostFit:
     # acceptance) and only its scale may move; a calibration of the plain step alone guesses
     # them, and then served intervals correct each part without rescaling the plain step.
     shaped: bool = True
+    # The plain steps seen with no draft beside them (fading like the rest), and whether
+    # the calibration measured this load's plain step itself (not a neighbour's).
+    off_steps: float = 0.0
+    plain_measured: bool = False
 
-    def add(self, interval: Interval, forget: float = FORGET) -> None:
+    @property
+    def plain_known(self) -> bool:
+        """Whether this load's plain step was measured apart from any draft."""
+        return self.plain_measured or self.off_steps >= OFF_STEPS
+
+    def add(self, interval: Interval, forget: float = FORGET, alone: bool = False) -> None:
+        """Count one interval; `alone`: each of its steps ran as the only request."""
         if interval.seconds <= 0 or interval.tokens <= 0:
             return
+        clean = alone or not interval.speculating
+        self.off_steps = self.off_steps * forget + (interval.plain_steps if clean else 0.0)
         x = interval.row()
         for i in range(N):
             self.xty[i] = self.xty[i] * forget + x[i] * interval.seconds
@@ -151,7 +178,8 @@ class CostFit:
     def to_dict(self) -> dict[str, Any]:
         return {"prior": self.prior.to_dict() if self.prior else None, "xtx": self.xtx,
                 "xty": self.xty, "steps": self.steps, "seconds": self.seconds,
-                "shaped": self.shaped}
+                "shaped": self.shaped, "off_steps": self.off_steps,
+                "plain_measured": self.plain_measured}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostFit:
@@ -159,7 +187,8 @@ class CostFit:
         return cls(StepCost.from_dict(prior) if prior else None,
                    [list(map(float, r)) for r in data["xtx"]], list(map(float, data["xty"])),
                    float(data.get("steps", 0.0)), float(data.get("seconds", 0.0)),
-                   bool(data.get("shaped", True)))
+                   bool(data.get("shaped", True)), float(data.get("off_steps", 0.0)),
+                   bool(data.get("plain_measured", False)))
 
 
 def fit(intervals: Sequence[Interval], prior: StepCost | None = None) -> StepCost | None:

@@ -29,7 +29,8 @@ def logged(memory: TunerMemory, reason: str, data: dict[str, Any], now: float) -
              "remaining_busy_s": data.get("remaining_busy_s"),
              "switch_cost_s": data.get("switch_cost_s"), "mix": data.get("mix"),
              "predicted": data.get("predicted"), "learning": data.get("learning"),
-             "risk_s": data.get("risk_s"), "restart": None}
+             "risk_s": data.get("risk_s"), "measuring": data.get("measuring"),
+             "restart": None}
     return replace(memory, decisions=[*memory.decisions, entry][-KEPT:])
 
 
@@ -65,6 +66,9 @@ def expectation(d: dict[str, Any]) -> str:
         return (f"learning what class {d['learning']!r} accepts where it risks least: at "
                 f"the old setting up to {d['risk_s']:.0f} s more if it accepts nothing"
                 + restart)
+    if d.get("measuring") is not None:
+        return (f"measuring what a step costs without speculation at {d['measuring']} "
+                "requests running" + restart)
     if not isinstance(gain, int | float):
         return ""
     what = "trying it to learn this mix's acceptance" if d.get("action") == "explore" else \

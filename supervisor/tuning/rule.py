@@ -5,6 +5,12 @@ tuning/prediction.py), the setting running now `c`, the expected remaining busy 
 this mix `R` (busy seconds) and what a switch costs `S` (busy seconds of service lost to
 the restart), in this order:
 
+0. **Measure off.** If the plain step of the load where the mix spends the most busy time
+   was never measured apart from drafts (tuning/cost.py: a speculating server's steps
+   cannot tell it), every prediction there rests on a guess of what off costs. Speculation on:
+   switch to off to measure it when the mix is expected to last for the way there and
+   back and a trial, R > 2 S + TRIAL (an explore, charged like one); already off: keep
+   (the next intervals measure it).
 1. **Off.** If speculation is on and even the best setting's upper bound is below off
    (max_k high(k) < 1), switch to off when (1 - mid(c)) · R > S, else keep.
 2. **Switch.** Let b be the setting with the best mid. The busy time it saves is a share
@@ -47,12 +53,23 @@ def describe(setting: int) -> str:
 
 
 def decide(predictions: Mapping[int, Prediction], current: int, remaining: float,
-           switch_cost: float, min_gain: float, unknown: bool) -> Decision:
-    """The rule above; `unknown`: the mix's acceptance is not known (rule 3)."""
+           switch_cost: float, min_gain: float, unknown: bool,
+           unmeasured: str | None = None) -> Decision:
+    """The rule above; `unknown`: the mix's acceptance is not known (rule 3);
+    `unmeasured`: the load (a bucket's label) of the mix whose plain step is not (rule 0)."""
     cur = predictions[current].mid if current in predictions else 1.0
     speculative = [p for k, p in predictions.items() if k != OFF]
     numbers = {"predicted": {describe(k): p.to_dict() for k, p in predictions.items()},
                "remaining_busy_s": round(remaining, 1), "switch_cost_s": round(switch_cost, 1)}
+    if unmeasured is not None:
+        what = f"what a step costs without speculation at {unmeasured} requests running"
+        if current == OFF:
+            return Decision(KEEP, OFF, f"measuring {what}", 0.0,
+                            {**numbers, "measuring": unmeasured})
+        if remaining > 2 * switch_cost + TRIAL:
+            return Decision(EXPLORE, OFF, f"{what} was never measured (a plain step beside "
+                            "drafts costs what their batch costs): serving off to measure it",
+                            0.0, {**numbers, "measuring": unmeasured})
     if current != OFF and speculative and max(p.high for p in speculative) < 1.0:
         saved = (1 - cur) * remaining
         if saved > switch_cost:
