@@ -403,3 +403,30 @@ def test_where_off_was_never_measured_the_tuner_serves_off_to_measure_it():
     assert alone.unmeasured() is None
     d = alone.decide(switch_cost=5.0)
     assert d is not None and "measuring" not in d.data
+
+
+def test_intervals_at_a_load_never_measured_off_do_not_bend_the_prediction():
+    # An n-gram server calibrated at one request (its plain step only), served there, then
+    # a batch of eight whose every step costs what the batch does: a fit of that load
+    # cannot say what a step without drafts costs (mixed into the mix, this one read
+    # 1.06x where one request reads 1.60x; in steady_load run 7 a few such intervals made
+    # every setting read 0.00x). The mix is predicted from the load whose plain step is
+    # known, and the rule serves off at eight to measure it.
+    ctrl = TuningController(lengths=[8, 16, 32], current=16, fills_length=False)
+    ctrl.calibrated({"1": TRUE}, shaped=False)
+    pos = geometric(0.9, 0.9, 16, 100)
+    accepted = sum(pos)
+    for _ in range(12):  # 100 plain steps and 100 drafted ones
+        drafted = interval(TRUE, 16, accepted / 100, 100)
+        iv = replace(drafted, seconds=drafted.seconds + 100 * TRUE.plain,
+                     tokens=drafted.tokens + 100)
+        ctrl.observe(Observation(iv, 16, 1, pos, {"code": iv.tokens}))
+    alone = ctrl.predictions()
+    assert alone is not None and alone[16].mid > 1.5
+    batch = Interval(200 * 0.3, 200 + accepted, 100, 1600, accepted, speculating=True)
+    ctrl.observe(Observation(batch, 16, 8, pos, {"code": batch.tokens}))
+    assert ctrl.plain_known("1") and not ctrl.plain_known("8+")
+    got = ctrl.predictions()
+    assert got is not None and got[16].mid == pytest.approx(alone[16].mid, rel=0.01)
+    d = ctrl.decide(switch_cost=5.0)
+    assert d is not None and (d.action, d.setting, d.data["measuring"]) == (EXPLORE, OFF, "8+")

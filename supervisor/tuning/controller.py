@@ -252,10 +252,16 @@ class TuningController:
 
     def predictions(self, entries: Sequence[MixEntry] | None = None
                     ) -> dict[int, Prediction] | None:
-        """Every setting's prediction for the mix (`entries`: these of it only)."""
+        """Every setting's prediction for the mix (`entries`: these of it only), from the
+        loads whose plain step is known where there are any: elsewhere a speculating
+        server's fit may put the plain step anywhere, near 0 included, and a few intervals
+        there made every setting of the whole mix read 0.00x (steady_load run 7)."""
         terms = []
         unseen = pooled(list(self.classes.values()))
-        for bucket, tokens, _ in self.recent if entries is None else entries:
+        chosen = list(self.recent if entries is None else entries)
+        if any(self.plain_known(b) for b, _, _ in chosen):
+            chosen = [e for e in chosen if self.plain_known(e[0])]
+        for bucket, tokens, _ in chosen:
             cost = self.cost(bucket)
             if cost is None:
                 return None
@@ -271,21 +277,23 @@ class TuningController:
         return any(self.classes.get(c, ClassAcceptance()).steps < self.min_steps
                    for c, s in shares.items() if s >= 0.2)
 
+    def plain_known(self, bucket: str) -> bool:
+        """Whether the plain step at this load is known (tuning/cost.py), or lies between
+        two loads where it is (2-3 requests between a calibration's 1 and 4)."""
+        known = [i for i, b in enumerate(BUCKETS) if b in self.costs and
+                 self.costs[b].plain_known]
+        return bool(known) and min(known) <= BUCKETS.index(bucket) <= max(known)
+
     def unmeasured(self) -> str | None:
-        """The load where the mix spends the most busy time, if its plain step is not known
-        there (tuning/cost.py) and lies beyond every load where it is (between two, such
-        as 2-3 requests between a calibration's 1 and 4, it lies between theirs); None
-        otherwise."""
+        """The load where the mix spends the most busy time, if its plain step is not
+        known; None otherwise."""
         seconds: dict[str, float] = {}
         for bucket, _, sec in self.recent:
             seconds[bucket] = seconds.get(bucket, 0.0) + sec
         if not seconds:
             return None
         busiest = max(seconds, key=lambda b: seconds[b])
-        known = [i for i, b in enumerate(BUCKETS) if b in self.costs and
-                 self.costs[b].plain_known]
-        i = BUCKETS.index(busiest)
-        return None if known and min(known) <= i <= max(known) else busiest
+        return None if self.plain_known(busiest) else busiest
 
     def decide(self, switch_cost: float, only_off: bool = False) -> Decision | None:
         """The rule's decision now; None while the model cannot predict (no cost measured,
