@@ -254,8 +254,8 @@ class TuningController:
                     ) -> dict[int, Prediction] | None:
         """Every setting's prediction for the mix (`entries`: these of it only), from the
         loads whose plain step is known where there are any: elsewhere a speculating
-        server's fit may put the plain step anywhere, near 0 included, and a few intervals
-        there made every setting of the whole mix read 0.00x (steady_load run 7)."""
+        server's fit may put the plain step anywhere, near 0 included, and the mix's
+        harmonic mean lets a few such intervals set every setting's prediction."""
         terms = []
         unseen = pooled(list(self.classes.values()))
         chosen = list(self.recent if entries is None else entries)

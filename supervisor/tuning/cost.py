@@ -29,10 +29,10 @@ requests that wait for it), but a speculating server's intervals cannot tell t_p
 the drafted terms: their plain and drafted steps come in the same proportions in every
 interval. So the plain step at a load is known only where it was measured without
 drafts beside it (`plain_known`): a calibration at that load, steps served with
-speculation off, or steps that ran alone (one request running). Elsewhere the fit put
-the plain step at what the average step of a speculating batch costs: at 8 clients of
-n-gram code on 2 cores, twice what a step of a server without speculation costs, so
-every length was predicted 2-4x off where off served more.
+speculation off, or steps that ran alone (one request running). Elsewhere the fit may
+put the plain step anywhere from 0 to the average step of a speculating batch, which on
+a CPU under load is several times a step without drafts; against it any length looks
+cheap or dear. (docs/tuning.md, "The plain step under load", has what this cost.)
 Pure: counts in, coefficients out.
 """
 
