@@ -259,9 +259,8 @@ class TuningController:
         terms = []
         unseen = pooled(list(self.classes.values()))
         chosen = list(self.recent if entries is None else entries)
-        if any(self.plain_known(b) for b, _, _ in chosen):
-            chosen = [e for e in chosen if self.plain_known(e[0])]
-        for bucket, tokens, _ in chosen:
+        known = [e for e in chosen if self.plain_known(e[0])]
+        for bucket, tokens, _ in known or chosen:
             cost = self.cost(bucket)
             if cost is None:
                 return None
