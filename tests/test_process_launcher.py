@@ -134,7 +134,7 @@ def test_the_orphan_sweep_kills_recorded_groups_and_spares_recycled_pids(tmp_pat
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
     registry.add("recycled", bystander.pid)
     data = registry._read()
-    data["recycled"]["create_time"] -= 1000  # as if the pid now belonged to someone else
+    data["recycled"]["start_ticks"] -= 1000  # as if the pid now belonged to someone else
     registry._write(data)
 
     killed = registry.sweep()

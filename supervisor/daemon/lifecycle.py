@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import psutil
 
-from supervisor import __version__
+from supervisor import __version__, processstamp
 from supervisor.api import listening
 from supervisor.api.proxy import Proxy
 from supervisor.api.server import ApiServer
@@ -73,7 +72,7 @@ class Daemon:
         self._signals: asyncio.Queue[int] = asyncio.Queue()
         self._background: list[asyncio.Task[None]] = []  # monitor, watchdog
         self._started = time.time()
-        self._create_time = psutil.Process().create_time()
+        self._stamp = processstamp.stamp(os.getpid())
         self.events.subscribe(self._log_event)
 
     @property
@@ -271,7 +270,7 @@ class Daemon:
     def daemon_info(self) -> dict[str, Any]:
         settings = self.settings
         return {"status": self.state_health.problem or "ok",
-                "pid": os.getpid(), "create_time": self._create_time,
+                **self._stamp,
                 "version": __version__, "fleet_file": str(self.fleet_path),
                 "started": self._started, "updated": time.time(),
                 "state_dir": str(self.state_dir), "gpus": self.monitor.snapshot.to_dict(),

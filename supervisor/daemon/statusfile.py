@@ -12,8 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
+from supervisor import processstamp
 from supervisor.atomicfile import write_text
 
 if TYPE_CHECKING:  # `specfleet status` reads the file without the daemon's modules
@@ -74,9 +73,5 @@ def _shape_problem(data: Any) -> str | None:
 
 
 def daemon_alive(daemon: dict[str, Any]) -> bool:
-    """The writing daemon is still running (same pid and start time)."""
-    try:
-        proc = psutil.Process(int(daemon["pid"]))
-        return abs(proc.create_time() - float(daemon["create_time"])) < 0.01
-    except (psutil.Error, KeyError, ValueError, TypeError):
-        return False
+    """The writing daemon is still running (same pid, boot and start)."""
+    return processstamp.same_process(daemon)

@@ -8,9 +8,11 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 
+from supervisor import processstamp
 from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json
 
 
@@ -22,14 +24,14 @@ class ChildRegistry:
     def __init__(self, path: Path, report: StateReport = LOG_ONLY) -> None:
         self.path = path
         self.report = report
-        self._data: dict[str, dict[str, float]] | None = None
+        self._data: dict[str, dict[str, Any]] | None = None
 
-    def _read(self) -> dict[str, dict[str, float]]:
+    def _read(self) -> dict[str, dict[str, Any]]:
         if self._data is None:
             self._data = read_state(self.path, self.report)
         return self._data
 
-    def _write(self, data: dict[str, dict[str, float]]) -> None:
+    def _write(self, data: dict[str, dict[str, Any]]) -> None:
         self._data = data
         self.report.attempt(self.path.name, lambda: write_json(self.path, self._data))
 
@@ -39,7 +41,7 @@ class ChildRegistry:
         data = self._read()
         key = name if name not in data else f"{name}@{pid}"
         with contextlib.suppress(psutil.Error):
-            data[key] = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+            data[key] = processstamp.stamp(pid)
             self._write(data)
 
     def remove(self, name: str, pid: int) -> None:
@@ -55,11 +57,10 @@ class ChildRegistry:
         killed = []
         for name, entry in self._read().items():
             try:
-                proc = psutil.Process(int(entry["pid"]))
-                if abs(proc.create_time() - float(entry["create_time"])) > 0.01:
-                    continue  # the pid was recycled: not ours
-                _kill(proc.pid)
-                killed.append(f"{name.split('@', 1)[0]} (pid {proc.pid})")
+                if not processstamp.same_process(entry):
+                    continue  # gone, or the pid was recycled: not ours
+                _kill(int(entry["pid"]))
+                killed.append(f"{name.split('@', 1)[0]} (pid {entry['pid']})")
             except (psutil.Error, ProcessLookupError, KeyError, ValueError, TypeError):
                 continue
         self._write({})
