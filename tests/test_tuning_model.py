@@ -134,6 +134,21 @@ def test_the_mix_speedup_is_the_token_weighted_harmonic_mean_of_its_classes():
     assert got[OFF].mid == 1.0
 
 
+def test_the_bounds_stay_ordered_for_a_class_that_loses_by_drafting():
+    """An n-gram class that drafts on few steps and is rarely right: at its upper acceptance
+    bound it also drafts on more steps, which costs more than the extra tokens pay. The
+    bounds are each class's slowest and fastest, not its acceptance's low and high read in
+    order (read in order the low came out above the high, and rule 1 turned off on it)."""
+    few = ClassAcceptance().observe(32, 40, geometric(0.2, 0.2, 32, 40), 80, 40 * 32)
+    for k in (4, 16, 32):
+        got = predict([(TRUE, few, 0.0, 1.0)], [k], fills_length=False)[k]
+        assert got.low <= got.mid <= got.high, (k, got)
+        assert got.mid < 1.0
+    good = ClassAcceptance().observe(8, 5000, geometric(0.95, 0.95, 8, 5000), 5000, 40_000)
+    mixed = predict([(TRUE, few, 0.0, 1.0), (TRUE, good, 0.0, 1.0)], [8], fills_length=False)[8]
+    assert mixed.low <= mixed.mid <= mixed.high
+
+
 def preds(**mids: tuple[float, float, float]) -> dict[int, Prediction]:
     out = {OFF: Prediction(OFF, 1.0, 1.0, 1.0)}
     for name, (lo, mid, hi) in mids.items():

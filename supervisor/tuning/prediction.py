@@ -17,9 +17,10 @@ class whose tokens cost more for other reasons gains less from fewer steps.
 Off is speedup 1 by definition: its step time is the cost profile's, so "off" needs no
 restart to be known. The mix: each class at each load weighted by the busy time its recent
 tokens take at off (tokens × (t_plain + o), whatever setting ran); the speedup of the mix
-is the weighted harmonic mean, the time the same tokens take. The bounds come from the
-acceptance's bounds (the cost is the machine's, measured on thousands of steps; its error
-is checked against measurement instead, docs/tuning.md).
+is the weighted harmonic mean, the time the same tokens take. The bounds are each class's
+slowest and fastest over its acceptance's bounds, combined the same way (the cost is the
+machine's, measured on thousands of steps; its error is checked against measurement instead,
+docs/tuning.md).
 Pure.
 """
 
@@ -65,18 +66,25 @@ def predict(terms: list[tuple[StepCost, ClassAcceptance, float, float]], setting
     a class's acceptance, its overhead per token, the tokens that class made at that load
     lately)."""
     total = sum(w for *_, w in terms)
+    # Weighted by time at off: the tokens times what each costs off.
+    off = sum(w * (cost.plain + extra) for cost, _, extra, w in terms) or 1.0
     out: dict[int, Prediction] = {}
     for k in settings:
+        if k == OFF or total <= 0:
+            out[k] = Prediction(k, 1.0, 1.0, 1.0)
+            continue
+        shares, spans = [], []
+        for cost, acc, extra, w in terms:
+            low, mid, high = (class_speedup(cost, acc, k, z, fills_length, extra)
+                              for z in (-Z, 0.0, Z))
+            # A class's slowest and fastest, not its acceptance's low and high in order: where
+            # the share of drafting steps is uncertain (n-gram), more drafting at the upper
+            # bound is slower for a class whose drafts do not pay.
+            shares.append(w * (cost.plain + extra) / off)
+            spans.append((min(low, mid, high), mid, max(low, mid, high)))
         values = []
-        for z in (-Z, 0.0, Z):
-            if k == OFF or total <= 0:
-                values.append(1.0)
-                continue
-            # Weighted by time at off: the tokens times what each costs off.
-            off = sum(w * (cost.plain + extra) for cost, _, extra, w in terms) or 1.0
-            slow = sum(w * (cost.plain + extra) / off
-                       / max(1e-6, class_speedup(cost, acc, k, z, fills_length, extra))
-                       for cost, acc, extra, w in terms)
+        for i in range(3):
+            slow = sum(share / max(1e-6, span[i]) for share, span in zip(shares, spans, strict=True))
             values.append(1.0 / slow if slow > 0 else 1.0)
         out[k] = Prediction(k, *values)
     return out
