@@ -33,6 +33,7 @@ import aiohttp
 
 from supervisor.plugin import (
     GPU_RUNTIME_OVERHEAD,
+    MISSING,
     Assignment,
     Backend,
     ContextSettings,
@@ -112,14 +113,15 @@ class OllamaBackend(Backend):
         if Path(target.model).expanduser().suffix == ".gguf" or target.model.startswith(
                 ("/", ".", "~")):
             if not Path(target.model).expanduser().is_file():
-                problems.append(Problem(("model",), f"model file {target.model!r} does not exist"))
+                problems.append(Problem(("model",), f"model file {target.model!r} does not "
+                                        "exist", MISSING))
         else:
             problems.append(Problem(("model",), f"{target.model!r} is an Ollama model name; "
                                     "whether it exists cannot be checked offline", "warning"))
         draft = target.speculation.draft
         if draft and not Path(draft).expanduser().is_file():
             problems.append(Problem(("speculation", "draft"), f"draft file {draft!r} does not "
-                                    "exist (DRAFT takes a local GGUF file)"))
+                                    "exist (DRAFT takes a local GGUF file)", MISSING))
         elif draft:
             problems += _draft_problems(target.model, draft)
         return problems + check_binary_found(cls, target)

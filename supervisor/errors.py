@@ -27,6 +27,12 @@ class StartRefused(SpecfleetError):
     """A start that cannot work (the pairing guard, the VRAM planner); says why, with numbers."""
 
 
+class Lacking(SpecfleetError):
+    """What this host lacks for one target now, found before its start: a model or draft
+    file missing, unreadable or truncated, a runtime binary that is not there. The target
+    waits in `waiting` and looks again (supervision/waiting.py); the fleet is not touched."""
+
+
 class NotReachableYet(SpecfleetError):
-    """A start that may work later: what it runs on (a Ray cluster's head) does not answer
-    now. Retried with the restart policy's backoff, not given up at once."""
+    """A start that may work later: what it runs on (a Ray cluster's head, a registry with
+    nothing cached) does not answer now. The target waits and tries again, never gives up."""

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
@@ -18,6 +19,7 @@ import aiohttp
 from supervisor.config.schema import Target
 from supervisor.gpu.vram import Estimate
 from supervisor.plugin import (
+    MISSING,
     Backend,
     Failure,
     FailureKind,
@@ -26,6 +28,7 @@ from supervisor.plugin import (
     LaunchSpec,
     MetricsSample,
     Probe,
+    Problem,
     Readiness,
     RunningProcess,
     RuntimeInfo,
@@ -46,6 +49,7 @@ class World:
     exit_at_start: int | None = None  # the process exits at once with this status
     output: str = ""  # what the runtime "wrote"
     load_error: bool = False  # explain_failure calls it a model that cannot load
+    port_in_use: bool = False  # explain_failure calls it a port another program holds
     starts: list[LaunchSpec] = field(default_factory=list)
     processes: list[FakeProcess] = field(default_factory=list)
     adoptable: FakeProcess | None = None
@@ -126,6 +130,13 @@ class FakeBackend(Backend):
     description = "fake-runtime"
     world: ClassVar[World] = World()  # each instance gets its own from the test fixture
 
+    @classmethod
+    def check(cls, target: Target) -> list[Problem]:
+        # A model given as a path must be there, as the built-in backends check it.
+        if target.model.startswith("/") and not Path(target.model).exists():
+            return [Problem(("model",), f"model file {target.model!r} does not exist", MISSING)]
+        return []
+
     async def preflight(self) -> RuntimeInfo:
         return RuntimeInfo("/usr/bin/fake-runtime", "1")
 
@@ -153,6 +164,8 @@ class FakeBackend(Backend):
         return self.world.metrics
 
     def explain_failure(self, output_tail: str, returncode: int | None) -> Failure | None:
+        if self.world.port_in_use:
+            return Failure(FailureKind.PORT_IN_USE, f"couldn't bind to port {self.target.port}")
         if self.world.load_error:
             return Failure(FailureKind.LOAD_ERROR, "fake-runtime could not load the model",
                            retryable=False)

@@ -6,8 +6,8 @@ import subprocess
 import psutil
 import pytest
 
-from supervisor import processstamp
 from supervisor.daemon.statusfile import daemon_alive
+from supervisor.launcher import processstamp
 
 
 @pytest.fixture

@@ -97,15 +97,16 @@ async def test_a_tampered_layer_fails_the_start_for_good_saying_both_digests(
     assert run.sup.status().modelkit is None
 
 
-async def test_a_registry_down_with_nothing_cached_backs_off_and_says_why(
+async def test_a_registry_down_with_nothing_cached_waits_and_says_why(
         start_target, kits, oci_registry):
     ref = f"{oci_registry.host}/lab/pair:v1"
     oci_registry.stop()
     run = start_target(kits=kits, model="", modelkit=ref, speculation={"method": "draft"})
-    await run.reaches(S.BACKOFF)
-    assert run.world.starts == []
-    reason = next(e for e in run.events if e.new == "backoff").reason
-    assert "cannot be reached" in reason and "never pulled here" in reason
+    await run.reaches(S.WAITING, times=3)  # tried again, and again: never given up
+    assert run.world.starts == [] and S.FAILED not in {new for _, new in run.transitions}
+    waiting = next(e for e in run.events if e.new == "waiting")
+    assert "cannot be reached" in waiting.reason and "never pulled here" in waiting.reason
+    assert waiting.data["failure"] == "unreachable"
 
 
 async def test_an_artifact_without_the_draft_the_method_needs_fails_the_start(

@@ -127,16 +127,81 @@ async def test_a_target_starts_loads_and_becomes_ready(start_target):
     assert run.world.starts[0].argv == ("fake-runtime", "--port", "1")
 
 
-async def test_a_truncated_model_file_is_refused_before_the_runtime_starts(start_target,
-                                                                            tmp_path):
+async def test_a_truncated_model_file_waits_without_a_start_until_a_whole_one_is_there(
+        start_target, tmp_path):
     from tests.ggufs import write_model
     path = write_model(tmp_path / "m.gguf")
-    path.write_bytes(path.read_bytes()[:-64])  # a copy that did not finish
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-64])  # a copy that did not finish
     run = start_target(model=str(path))
-    await run.reaches(S.FAILED)
-    assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, S.FAILED)]
+    await run.reaches(S.WAITING)
+    await asyncio.sleep(0.1)  # it looks again (every 0.01 s doubling, at most 10 s) ...
+    assert run.world.starts == [] and run.sup.state is S.WAITING  # ... and starts nothing
+    waiting = run.events[-1]
+    assert "model file" in waiting.reason and "is truncated" in waiting.reason
+    assert "the rest of the fleet is not affected" in waiting.reason
+    assert waiting.data["failure"] == "missing"
+    assert run.sup.served.unavailable_reason().startswith("waiting: model file")
+    path.write_bytes(whole)  # the copy finished
+    await run.reaches(S.READY)
+    assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, S.WAITING),
+                               (S.WAITING, S.STARTING), (S.STARTING, S.LOADING),
+                               (S.LOADING, S.READY)]
+    assert len(run.world.starts) == 1 and run.sup.served.unavailable_reason() is None
+    assert "no longer waiting for: model file" in next(
+        e.reason for e in run.events if e.old == "waiting")
+
+
+async def test_a_missing_model_waits_for_its_file_and_a_stop_ends_the_wait(start_target,
+                                                                           tmp_path):
+    run = start_target(model=str(tmp_path / "nas" / "m.gguf"))
+    await run.reaches(S.WAITING)
+    assert "does not exist" in run.events[-1].reason
+    run.sup.send(Command.UNLOAD, "unloaded by a test")
+    await run.reaches(S.UNLOADED)
+    run.sup.send(Command.START, "asked for")
+    await run.reaches(S.WAITING, times=2)
+    await run.sup.shutdown("stopped by a test")
+    assert run.transitions[-1] == (S.WAITING, S.STOPPED)
     assert run.world.starts == []
-    assert "model file" in run.events[-1].reason and "is truncated" in run.events[-1].reason
+
+
+async def test_an_error_while_looking_again_fails_the_target_with_its_text(
+        start_target, tmp_path, monkeypatch):
+    run = start_target(model=str(tmp_path / "m.gguf"))
+    await run.reaches(S.WAITING)
+
+    def broken(cls: type, target: Any) -> list[Any]:
+        raise PermissionError("the check itself broke")
+    monkeypatch.setattr(FakeBackend, "check", classmethod(broken))
+    await run.reaches(S.FAILED)
+    assert run.transitions[-1] == (S.WAITING, S.FAILED)
+    assert "the check itself broke" in run.events[-1].reason
+
+
+async def test_a_port_another_program_holds_is_waited_for_not_counted_as_a_crash(
+        start_target):
+    import socket
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        run = start_target(port=port, host="127.0.0.1", restart={"max_crashes": 2})
+        run.world.port_in_use = True
+        run.world.exit_at_start = 1
+        await run.reaches(S.WAITING)
+        await asyncio.sleep(0.2)  # many looks again (0.01 s doubling): no start, no crash loop
+        assert len(run.world.starts) == 1 and run.sup.state is S.WAITING
+        waiting = next(e for e in run.events if e.new == "waiting")
+        assert f"couldn't bind to port {port}" in waiting.reason
+        assert waiting.data["failure"] == "port_in_use"
+        assert f"port {port} on 127.0.0.1 is held by another program" in run.events[-1].reason
+        run.world.port_in_use, run.world.exit_at_start = False, None
+    # The other program ended.
+    await run.reaches(S.READY)
+    assert run.transitions == [(S.STOPPED, S.STARTING), (S.STARTING, S.LOADING),
+                               (S.LOADING, S.WAITING), (S.WAITING, S.STARTING),
+                               (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
 
 
 async def test_a_start_the_backend_refuses_fails_without_a_process(start_target, monkeypatch):
@@ -187,14 +252,14 @@ async def test_a_crash_backs_off_and_restarts(start_target):
     assert backoff.data["delay"] == pytest.approx(0.01)
 
 
-UNREACHABLE_THEN_UP = [(S.STOPPED, S.STARTING), (S.STARTING, S.BACKOFF),
-                       (S.BACKOFF, S.STARTING), (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+UNREACHABLE_THEN_UP = [(S.STOPPED, S.STARTING), (S.STARTING, S.WAITING),
+                       (S.WAITING, S.STARTING), (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
 
 
-async def test_a_start_whose_cluster_does_not_answer_yet_backs_off_and_tries_again(
+async def test_a_start_whose_cluster_does_not_answer_yet_waits_and_tries_again(
         start_target, monkeypatch):
     # A Ray head that is down (launcher/ray/raylauncher.py): not final, unlike a start
-    # that cannot work; retried under the restart policy.
+    # that cannot work; waited for (the start is tried again, with backoff, without end).
     real_start, tries = FakeLauncher.start, []
 
     async def first_unreachable(self: FakeLauncher, name: str, spec: Any, **kw: Any) -> Any:
@@ -206,8 +271,9 @@ async def test_a_start_whose_cluster_does_not_answer_yet_backs_off_and_tries_aga
     run = start_target()
     await run.reaches(S.READY)
     assert run.transitions == UNREACHABLE_THEN_UP
-    backoff = next(e for e in run.events if e.new == "backoff")
-    assert backoff.data["failure"] == "unreachable" and "does not answer" in backoff.reason
+    waiting = next(e for e in run.events if e.new == "waiting")
+    assert waiting.data["failure"] == "unreachable" and "does not answer" in waiting.reason
+    assert "tries to start again" in waiting.reason
 
 
 LOADING_CRASH_LOOP = [(S.STOPPED, S.STARTING)] + [
@@ -566,7 +632,10 @@ SCENARIOS = [START, CRASH_AND_RESTART, UNREACHABLE_THEN_UP, LOADING_CRASH_LOOP, 
               (S.LOADING, S.DETACHED), (S.DEGRADED, S.DETACHED), (S.STOPPING, S.FAILED),
               (S.BACKOFF, S.FAILED)],
              # A shutdown or an unload while a ModelKit is pulled (tests/test_pulling.py).
-             [(S.STARTING, S.STOPPED), (S.STARTING, S.UNLOADED)]]
+             [(S.STARTING, S.STOPPED), (S.STARTING, S.UNLOADED)],
+             # Waiting for what the host lacks (the tests above on files and ports).
+             [(S.LOADING, S.WAITING), (S.WAITING, S.UNLOADED), (S.WAITING, S.STOPPED),
+              (S.WAITING, S.FAILED)]]
 
 
 def test_every_allowed_transition_is_exercised_by_a_scenario_above():

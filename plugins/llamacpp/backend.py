@@ -32,6 +32,7 @@ from plugins.llamacpp.metrics import parse_metrics
 from plugins.llamacpp.provision import cached_llama_server
 from supervisor.plugin import (
     GPU_RUNTIME_OVERHEAD,
+    MISSING,
     Assignment,
     Backend,
     Estimate,
@@ -90,11 +91,13 @@ class LlamaCppBackend(Backend):
                                     f"(got {', '.join(sorted(target.options))}); pass runtime "
                                     "flags in args:"))
         # No model yet: from a ModelKit, pulled by the daemon (or missing: the cross-check says so).
-        if target.model and (why := gguf_file_problem("model", target.model)) is not None:
-            problems.append(Problem(("model",), why))
+        if target.model and (found := gguf_file_problem(("model",), "model",
+                                                          target.model)) is not None:
+            problems.append(found)
         draft = target.speculation.draft
-        if draft and (why := gguf_file_problem("draft", draft)) is not None:
-            problems.append(Problem(("speculation", "draft"), why))
+        if draft and (found := gguf_file_problem(("speculation", "draft"), "draft",
+                                                 draft)) is not None:
+            problems.append(found)
         for i, arg in enumerate(target.args):
             flag = arg.split("=", 1)[0]
             if flag in MANAGED_FLAGS:
@@ -111,7 +114,7 @@ class LlamaCppBackend(Backend):
         try:
             cls(target).resolve_binary()
         except SpecfleetError as exc:
-            problems.append(Problem(("binary",) if target.binary else (), str(exc)))
+            problems.append(Problem(("binary",) if target.binary else (), str(exc), MISSING))
         return problems
 
     def tunable_length(self) -> str | None:

@@ -9,7 +9,7 @@ import re
 import stat
 from pathlib import Path
 
-from supervisor.plugin import ContextSettings, Target, gguf_incomplete
+from supervisor.plugin import MISSING, ContextSettings, Problem, Target, gguf_incomplete
 
 SPEC_TYPE = {
     "draft": "draft-simple",
@@ -120,20 +120,25 @@ def check_help_text(help_text: str) -> str | None:
             "speculative decoding as specfleet configures it; upgrade llama.cpp")
 
 
-def gguf_file_problem(kind: str, value: str) -> str | None:
+def gguf_file_problem(where: tuple[str, ...], kind: str, value: str) -> Problem | None:
     """Why `value` cannot be the `kind` ("model", "draft") GGUF file llama-server opens, or
-    None when it is a regular file."""
+    None when it is a whole regular file. A file that is not there (yet), cannot be read or
+    is shorter than its header says is what the host lacks (MISSING: the target waits for
+    it); a directory or a device in its place is the file's mistake."""
     path = Path(value).expanduser()
     shown = f"{kind} file {str(path)!r}"
     try:
         mode = path.stat().st_mode
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return f"{shown} does not exist" + (
-                "" if path.suffix == ".gguf" else "; llama-server takes a local .gguf file")
-        return f"{shown} cannot be read: {exc.strerror or exc}"
+            if path.suffix != ".gguf" and not path.parent.exists():
+                return Problem(where, f"{shown} does not exist; llama-server takes a local "
+                               ".gguf file")
+            return Problem(where, f"{shown} does not exist", MISSING)
+        return Problem(where, f"{shown} cannot be read: {exc.strerror or exc}", MISSING)
     if stat.S_ISDIR(mode):
-        return f"{shown} is a directory, expected a GGUF file"
+        return Problem(where, f"{shown} is a directory, expected a GGUF file")
     if not stat.S_ISREG(mode):
-        return f"{shown} is not a regular file, expected a GGUF file"
-    return gguf_incomplete({kind: str(path)})  # a download that did not finish
+        return Problem(where, f"{shown} is not a regular file, expected a GGUF file")
+    why = gguf_incomplete({kind: str(path)})  # a download that did not finish
+    return Problem(where, why, MISSING) if why is not None else None

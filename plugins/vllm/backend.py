@@ -42,6 +42,7 @@ from plugins.vllm.metrics import parse_metrics
 from plugins.vllm.provision import cached_vllm_python
 from supervisor.plugin import (
     LENGTHS_BY_LOAD,
+    MISSING,
     Assignment,
     Backend,
     Estimate,
@@ -108,7 +109,7 @@ class VllmBackend(Backend):
                 continue
             if looks_local(ref):
                 if not Path(ref).expanduser().exists():
-                    problems.append(Problem(path, f"{ref!r} does not exist"))
+                    problems.append(Problem(path, f"{ref!r} does not exist", MISSING))
             else:
                 problems.append(Problem(path, f"{ref!r} is a model id that vLLM downloads; "
                                         "it cannot be checked offline", "warning"))

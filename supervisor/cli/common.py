@@ -12,7 +12,8 @@ from supervisor.errors import SpecfleetError
 from supervisor.plugin.registry import Registry
 
 
-def load(path: str, registry: Registry, runtime_files: bool = True) -> LoadedFleet:
+def load(path: str, registry: Registry, runtime_files: bool = True,
+         waiting: bool = False) -> LoadedFleet:
     """The fleet at `path`, checked by the registry's backends; its warnings go to stderr
     because stdout carries the command's own output (commands, configs) for pipes.
 
@@ -20,9 +21,12 @@ def load(path: str, registry: Registry, runtime_files: bool = True) -> LoadedFle
     (`export`): what the backends check (model and draft files, the runtime binary, the
     pairing of model and draft, even whether the backend is installed) needs the host that
     runs the models, not a router's host, so those problems become warnings; nor are the
-    host's own checks made (a token file that only the daemon's host has)."""
+    host's own checks made (a token file that only the daemon's host has).
+
+    `waiting` (`run`): what the host lacks for a target is that target's to wait for
+    (LoadedFleet.waiting), not an error of the file."""
     check = registry.check_target if runtime_files else _as_warnings(registry)
-    loaded = load_fleet(path, check, check_host=runtime_files)
+    loaded = load_fleet(path, check, check_host=runtime_files, waiting=waiting)
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
     return loaded

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -29,6 +30,19 @@ def run(args: argparse.Namespace) -> int:
     memtrim.tune_allocator()  # before any thread allocates (memtrim.py)
     configure(json_lines=args.json_logs)
     registry = default_registry()
-    loaded = load(args.file, registry)
+    loaded = load(args.file, registry, waiting=True)
+    if loaded.waiting:
+        print(degraded_notice(loaded.waiting), file=sys.stderr)
     # Absolute: the status page and `status` name the file wherever they were run from.
     return asyncio.run(Daemon(Path(args.file).absolute(), loaded, registry).run())
+
+
+def degraded_notice(waiting: dict[str, tuple[str, ...]]) -> str:
+    """What `run` says when it starts the fleet without some targets: each, and why."""
+    names = ", ".join(waiting)
+    lines = [f"specfleet: starting the fleet degraded: {len(waiting)} target(s) wait for what "
+             f"this host lacks ({names}); the others start now, and each waiting target starts "
+             "by itself once what it lacks is there (`specfleet check` reports these as "
+             "errors):"]
+    lines += [f"  {line}" for found in waiting.values() for line in found]
+    return "\n".join(lines)

@@ -126,7 +126,7 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None,
         lines += _wrap(line, width)
     lines += ["", *_table(rows, width)]
     for t in targets:
-        if t["state"] in ("failed", "backoff") and t.get("failure_output"):
+        if t["state"] in ("failed", "backoff", "waiting") and t.get("failure_output"):
             lines += ["", *_wrap(f"{t['name']}: last output of the runtime "
                                  f"({t.get('log_file')}):", width)]
             lines += ["    " + ln for ln in t["failure_output"].splitlines()[-12:]]
@@ -249,7 +249,7 @@ def render_target(target: dict[str, Any], record: dict[str, Any] | None,
                              f"{r} {d}" for r, d in (kit.get("layers") or {}).items()))
         gpus = record.get("gpus") or {}
         lines.append(f"  gpus         {gpus.get('gpus', 'not placed by specfleet')}")
-    if target["state"] in ("failed", "backoff") and target.get("failure_output"):
+    if target["state"] in ("failed", "backoff", "waiting") and target.get("failure_output"):
         lines += ["", f"last output of the runtime ({target.get('log_file')}):"]
         lines += ["    " + ln for ln in target["failure_output"].splitlines()[-12:]]
     return "\n".join(lines)

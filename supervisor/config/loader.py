@@ -6,6 +6,7 @@ All problems are collected and reported together, sorted by line, one per line:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import typing
@@ -20,6 +21,7 @@ from supervisor.config.crosscheck import check_api_token, cross_check
 from supervisor.config.scalars import unwrap_annotation
 from supervisor.config.schema import Fleet
 from supervisor.config.yamlsource import (
+    MISSING,
     Path_,
     Problem,
     SourceMap,
@@ -40,6 +42,8 @@ class LoadedFleet:
     fleet: Fleet
     source: SourceMap
     warnings: tuple[str, ...]
+    # What this host lacks, by target (load_fleet's `waiting`): each line as an error reads.
+    waiting: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def did_you_mean(word: str, options: Iterable[str]) -> str:
@@ -202,13 +206,16 @@ def _read_yaml(path: Path, environ: dict[str, str] | None) -> tuple[Any, SourceM
 
 def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
                environ: dict[str, str] | None = None, *,
-               check_host: bool = False) -> LoadedFleet:
+               check_host: bool = False, waiting: bool = False) -> LoadedFleet:
     """Parse and validate a fleet file, or raise FleetFileError listing every problem.
 
     `check_target` adds each target's backend checks. `check_host` adds what only the host
     that runs the daemon has: that daemon.api_token can be read, as `run` requires (`check`,
     `run` and a reload ask for it; `export`, which describes the fleet to a router on
-    another host, and `status`, which only needs the state dir, do not)."""
+    another host, and `status`, which only needs the state dir, do not). With `waiting`
+    (`run`, a reload), what the host lacks for a target (severity MISSING: a model file, a
+    binary) is that target's to wait for, in `LoadedFleet.waiting`, not an error of the
+    file; without (`check`) it is an error."""
     path = Path(path)
     data, source, problems = _read_yaml(path, environ)
     if data is None:
@@ -230,9 +237,16 @@ def load_fleet(path: str | Path, check_target: TargetCheck | None = None,
                 problems += [Problem(("targets", name, *p.path), p.message, p.severity)
                              for p in check_target(target)]
 
-    errors = _dedupe(sorted(_format(source, p) for p in problems if p.severity == "error"))
+    fatal = ("error",) if waiting else ("error", MISSING)
+    errors = _dedupe(sorted(_format(source, p) for p in problems if p.severity in fatal))
     warnings = tuple(_dedupe(sorted(_format(source, p) for p in problems
                                     if p.severity == "warning")))
     if errors or fleet is None:
         raise FleetFileError(errors)
-    return LoadedFleet(fleet, source, warnings)
+    lacking: dict[str, list[Problem]] = {}
+    for p in problems if waiting else ():
+        if p.severity == MISSING and p.path[:1] == ("targets",) and len(p.path) > 1:
+            lacking.setdefault(str(p.path[1]), []).append(p)
+    return LoadedFleet(fleet, source, warnings, {
+        name: tuple(_dedupe(sorted(_format(source, p) for p in found)))
+        for name, found in lacking.items()})

@@ -30,13 +30,20 @@ class SourceMap:
         return None
 
 
+# What this host lacks for one target now, not what the file says: a model or draft file
+# that is missing, unreadable or truncated, a runtime binary that is not there. An error at
+# `check`; at `run` and at a reload that target alone waits for it (supervision/waiting.py)
+# and the rest start, as systemd treats one unit's failure as that unit's.
+MISSING = "missing"
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with the fleet file, located by dotted path."""
 
     path: Path_
     message: str
-    severity: str = "error"  # or "warning"
+    severity: str = "error"  # "warning", or MISSING
 
 
 def dotted(path: Path_) -> str:

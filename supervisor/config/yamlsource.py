@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from supervisor.config.sourcemap import Mark, Path_, Problem, SourceMap, dotted
+from supervisor.config.sourcemap import MISSING, Mark, Path_, Problem, SourceMap, dotted
 
-__all__ = ["Mark", "Path_", "Problem", "SourceMap", "YamlSyntaxError", "dotted", "expand_env",
+__all__ = ["MISSING", "Mark", "Path_", "Problem", "SourceMap", "YamlSyntaxError", "dotted", "expand_env",
            "load_yaml"]
 
 

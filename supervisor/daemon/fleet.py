@@ -167,13 +167,14 @@ class FleetSupervisors:
         async with self._reload_lock:  # SIGHUP and the API may ask at the same time
             try:
                 loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
-                                                 self.registry.check_target, check_host=True)
+                                                 self.registry.check_target, check_host=True,
+                                                 waiting=True)
             except FleetFileError as exc:
                 return self._rejected(list(exc.problems))
             except Exception as exc:  # whatever the file does to the loader, the fleet stays
                 return self._rejected([f"{self.fleet_path}: could not be read: {exc!r}"])
             self.rejected_reload = None
-            await self._apply(loaded.fleet)
+            await self._apply(loaded.fleet, loaded.waiting)
             return True, []
 
     def _rejected(self, problems: list[str]) -> tuple[bool, list[str]]:
@@ -183,7 +184,8 @@ class FleetSupervisors:
                   f"{self.fleet_path}; the running fleet is unchanged", detail="\n".join(problems))
         return False, problems
 
-    async def _apply(self, new: Fleet) -> None:
+    async def _apply(self, new: Fleet, waiting: dict[str, tuple[str, ...]] | None = None
+                     ) -> None:
         await asyncio.gather(*self._replacing, return_exceptions=True)  # the last reload's
         old = self.fleet
         old_targets, new_targets = old.targets, new.targets
@@ -197,10 +199,15 @@ class FleetSupervisors:
                    if n in new_targets and n not in changed and sup.state == State.FAILED]
         self.last_reload = {"time": time.time(), "added": added, "removed": removed,
                             "changed": changed, "retried": retried}
+        lacking = sorted(waiting or {})
         self.emit("reload", f"reloaded {self.fleet_path}: {len(added)} added, {len(removed)} "
-                  f"removed, {len(changed)} changed, {len(retried)} failed retried",
+                  f"removed, {len(changed)} changed, {len(retried)} failed retried"
+                  + (f"; {', '.join(lacking)} will wait for what this host lacks"
+                     if lacking else ""),
+                  detail="\n".join(line for n in lacking for line in (waiting or {})[n])
+                  or None,
                   data={"added": added, "removed": removed, "changed": changed,
-                        "retried": retried})
+                        "retried": retried, "waiting": lacking})
         if self.before_apply is not None:
             await self.before_apply(old, new)
         self.fleet = new

@@ -38,7 +38,7 @@ SERIES = ({"key": "tokens_per_second", "label": "Speed", "unit": "tok/s", "scale
           {"key": "draft_length", "label": "Draft length", "unit": "tokens", "scale": 1})
 # Events that become marks on the time axis; state changes only into these states.
 MARK_KINDS = frozenset({"tuning", "load"})
-MARK_STATES = frozenset({"starting", "backoff", "failed", "unloaded", "stopped"})
+MARK_STATES = frozenset({"starting", "backoff", "waiting", "failed", "unloaded", "stopped"})
 
 
 class History:

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from supervisor import __version__, processstamp
+from supervisor import __version__
 from supervisor.api import listening
 from supervisor.api.proxy import Proxy
 from supervisor.api.server import ApiServer
@@ -36,6 +36,7 @@ from supervisor.errors import SpecfleetError
 from supervisor.events import Event, EventBus, EventLog
 from supervisor.gpu.monitor import HeadroomAlert, ResourceMonitor
 from supervisor.gpu.placement import Placer
+from supervisor.launcher import processstamp
 from supervisor.launcher.installed import InstalledLaunchers
 from supervisor.plugin.registry import Registry
 from supervisor.supervision.probes import sleep_to_next_tick
@@ -312,10 +313,10 @@ class Daemon:
     def _log_event(self, event: Event) -> None:
         if event.kind == "state":
             level = "error" if event.new == "failed" else (
-                "warning" if event.new in ("backoff", "degraded") else "info")
+                "warning" if event.new in ("backoff", "degraded", "waiting") else "info")
             getattr(self.log, level)(f"{event.old} -> {event.new}", target=event.target,
                                      reason=event.reason, **event.data)
-            if event.detail and event.new in ("backoff", "failed"):
+            if event.detail and event.new in ("backoff", "failed", "waiting"):
                 self.log.warning("runtime output (last lines)", target=event.target,
                                  output=event.detail)
         elif event.kind == "reload" and event.detail:

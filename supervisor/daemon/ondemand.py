@@ -15,12 +15,13 @@ from collections.abc import Callable, Mapping
 
 from supervisor.gpu import swap
 from supervisor.gpu.placement import Placer
-from supervisor.models.gguf import incomplete
 from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.states import State
+from supervisor.supervision.waiting import lacking
 
-_NOT_LOADED = frozenset({State.UNLOADED, State.STOPPED, State.FAILED, State.DETACHED})
+_NOT_LOADED = frozenset({State.UNLOADED, State.STOPPED, State.FAILED, State.DETACHED,
+                         State.WAITING})
 IDLE_CHECK = 1.0  # seconds between two looks for idle targets
 WAIT_STEP = 1.0  # a load waiting for a residency decides again at least this often
 
@@ -51,7 +52,7 @@ class OnDemandLoader:
             said_wait = False
             while (sup := self.supervisors().get(name)) is not None \
                     and sup.state is State.UNLOADED:
-                if (why := await asyncio.to_thread(incomplete, sup.backend.model_files())):
+                if (why := await asyncio.to_thread(lacking, sup.backend)):
                     sup.loading.refuse_load(f"cannot load: {why}")  # and evict nothing for it
                     return
                 choice = self._choose(sup)

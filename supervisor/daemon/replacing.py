@@ -43,7 +43,7 @@ from supervisor.supervision.states import SERVING, State
 
 # States a new supervisor's first start ends in when it did not become ready (not
 # `stopped`: that is also where it is before its task first runs).
-NOT_READY = frozenset({State.BACKOFF, State.FAILED})
+NOT_READY = frozenset({State.BACKOFF, State.FAILED, State.WAITING})
 # Beyond `health.start_timeout`: the preflight and exec before the load is timed.
 GRACE = 30.0
 

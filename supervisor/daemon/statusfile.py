@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor import processstamp
 from supervisor.atomicfile import write_text
+from supervisor.launcher import processstamp
 
 if TYPE_CHECKING:  # `specfleet status` reads the file without the daemon's modules
     from supervisor.supervision.status import TargetStatus

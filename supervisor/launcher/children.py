@@ -12,8 +12,8 @@ from typing import Any
 
 import psutil
 
-from supervisor import processstamp
 from supervisor.atomicfile import LOG_ONLY, StateReport, read_state, write_json
+from supervisor.launcher import processstamp
 
 
 class ChildRegistry:

@@ -10,7 +10,7 @@ needs the `Launcher` and `RunningProcess` base classes, `LauncherTraits` and
 """
 
 from supervisor.config.schema import Target
-from supervisor.config.yamlsource import Problem
+from supervisor.config.yamlsource import MISSING, Problem
 from supervisor.errors import SpecfleetError
 from supervisor.gpu.oom import search as find_out_of_memory
 from supervisor.gpu.vram import (
@@ -72,6 +72,7 @@ __all__ = [
     "GPU_RUNTIME_OVERHEAD",
     "LENGTHS_BY_LOAD",
     "LOCAL",
+    "MISSING",
     "Assignment",
     "Backend",
     "ContextSettings",

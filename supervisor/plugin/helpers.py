@@ -12,7 +12,7 @@ from typing import Protocol
 import aiohttp
 
 from supervisor.config.schema import METHODS_WITH_DRAFT_FILE, Target
-from supervisor.config.sourcemap import Problem
+from supervisor.config.sourcemap import MISSING, Problem
 from supervisor.errors import SpecfleetError
 from supervisor.gpu.vram import Assignment
 from supervisor.models import facts, pairing
@@ -56,7 +56,7 @@ def check_binary_found(backend: Callable[[Target], Backend], target: Target) -> 
         backend(target).resolve_binary()
     except SpecfleetError as exc:
         if target.binary:
-            return [Problem(("binary",), str(exc))]
+            return [Problem(("binary",), str(exc), MISSING)]
         return [Problem((), f"{exc} (the target cannot start on this machine)", "warning")]
     return []
 

@@ -46,6 +46,11 @@ class OnDemandBook:
         self.load_refused = None  # decided afresh: the memory may have been freed since
         self.on_demand(self.target.name, reason)
 
+    @property
+    def demanded(self) -> bool:
+        """A request asked for this target and waits for its load."""
+        return self._demanded_at is not None
+
     def started(self, on_demand: bool) -> None:
         """The owner starts the target: a load (not a restart) is counted."""
         self.load_refused = None
@@ -60,7 +65,7 @@ class OnDemandBook:
             self.cold_start = waited
             self._emit("load", f"loaded on demand: the first request waited {waited:.2f} s",
                        waited_s=round(waited, 3))
-        elif new in (State.FAILED, State.STOPPED):
+        elif new in (State.FAILED, State.STOPPED, State.UNLOADED):
             self._demanded_at = None
 
     def refuse_load(self, why: str) -> None:

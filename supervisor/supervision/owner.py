@@ -18,10 +18,10 @@ from typing import Any
 import aiohttp
 
 from supervisor.config.schema import Target
-from supervisor.errors import SpecfleetError, StartRefused
+from supervisor.errors import Lacking, NotReachableYet, SpecfleetError, StartRefused
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
-from supervisor.plugin.backend import Backend, Failure, MetricsSample
+from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
 from supervisor.plugin.launching import Launcher, RunningProcess, local_pid
 from supervisor.registry.modelkits import ModelKits
 from supervisor.supervision.calibration import Calibrating
@@ -54,6 +54,7 @@ from supervisor.supervision.snapshot import snapshot
 from supervisor.supervision.start import follow, plan_start, start_failure
 from supervisor.supervision.states import ALLOWED, State, StateChanges, is_live
 from supervisor.supervision.status import TargetStatus
+from supervisor.supervision.waiting import Wait, lacking, port_taken
 from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.store import TuningStore
 
@@ -108,6 +109,7 @@ class TargetSupervisor:
         self._task: asyncio.Task[None] | None = None
         self.pending_reason = start_reason  # the reason the next start will carry
         self._start_unloaded = unloaded  # on demand: wait for the first request
+        self._looks = 0  # looks again while waiting (waiting.py), for its backoff
         self.loading = OnDemandBook(target, lambda: self.state, self._event, self.changes,
                                     self.requests, lambda: self.started_at)
         self.served = Served(self)
@@ -200,7 +202,9 @@ class TargetSupervisor:
             outcome = await self._supervise(self.process)
         else:
             outcome = await self._run_once()
-        return await self._after_failure(outcome) if isinstance(outcome, Failure) else outcome
+        if isinstance(outcome, Failure):
+            outcome = await self._after_failure(outcome)
+        return await self._wait(outcome) if isinstance(outcome, Wait) else outcome
 
     async def _internal_error(self, exc: Exception) -> Next:
         """The last line of defence: this target (only) ends `failed` with the exception's
@@ -234,8 +238,11 @@ class TargetSupervisor:
             self._set_state(State.UNLOADED, request.reason)
         return step
 
-    async def _after_failure(self, failure: Failure) -> Next:
-        """Back off and restart, or give up."""
+    async def _after_failure(self, failure: Failure) -> Next | Wait:
+        """Back off and restart, or give up; a port another program holds is waited for."""
+        if failure.kind is FailureKind.PORT_IN_USE and State.WAITING in ALLOWED[self.state]:
+            host, port = self.backend.target.host, self.backend.target.port
+            return Wait(failure.summary, failure.kind.value, lambda: port_taken(host, port))
         decision = await self.crashes.decide(failure)
         if decision.give_up:
             self.wanted = False
@@ -252,13 +259,45 @@ class TargetSupervisor:
             return Next.RUN
         return self._stopped_by(request, request.reason)
 
+    async def _wait(self, wait: Wait) -> Next:
+        """Wait for what the host lacks (waiting.py): look again, with backoff and without
+        end, until it is there (then start) or a command comes. A target being loaded for a
+        request goes back to unloaded instead, its waiting requests answered with the reason:
+        an on-demand target is looked at again when it is asked for, not loaded unasked."""
+        if self.loading.demanded:
+            self.loading.refuse_load(f"{self.name} cannot load: {wait.reason}")
+            self._set_state(State.UNLOADED, wait.reason, failure=wait.failure)
+            return Next.UNLOADED
+        restart = self.target.restart
+        self._set_state(State.WAITING, wait.said(self._looks, restart), self.failure_output,
+                        failure=wait.failure)
+        while True:
+            try:
+                request = await asyncio.wait_for(self._commands.get(),
+                                                 wait.delay(self._looks, restart))
+            except TimeoutError:
+                self._looks += 1  # kept across the starts tried again: the backoff grows
+                if wait.still is None:  # only a start can tell (a registry, a cluster)
+                    self.pending_reason = f"trying again: {wait.reason}"
+                    return Next.RUN
+                still = await asyncio.to_thread(wait.still)
+                if still is None:
+                    self.pending_reason = f"no longer waiting for: {wait.reason}"
+                    return Next.RUN
+                if still != wait.reason:  # another lack now (the model came, the draft not)
+                    wait = Wait(still, wait.failure, wait.still)
+                    self._event("waiting", wait.said(self._looks, restart))
+                continue
+            self._looks = 0
+            return self._stopped_by(request, request.reason)
+
     def _stopped_by(self, request: Request, reason: str) -> Next:  # while no process runs
         step = self._dispatch(request, Phase.BACKOFF)
         if step is not Next.RUN:
             self._set_state(State.UNLOADED if step is Next.UNLOADED else State.STOPPED, reason)
         return step
 
-    async def _run_once(self) -> Next | Failure:
+    async def _run_once(self) -> Next | Failure | Wait:
         """Start the process and supervise it until it fails or a command interrupts it."""
         self._set_state(State.STARTING, self.pending_reason)
         try:
@@ -266,6 +305,11 @@ class TargetSupervisor:
                 if (request := await pull_or_command(self, self._commands.get)) is not None:
                     return self._stopped_by(request, f"{request.reason} (while the ModelKit was pulled)")
                 started = await self._launch()
+            except Lacking as exc:  # a file, a binary: looked at again without a start
+                backend = self.backend
+                return Wait(str(exc), "missing", lambda: lacking(backend))
+            except NotReachableYet as exc:  # a registry, a cluster: only a start can tell
+                return Wait(str(exc), FailureKind.UNREACHABLE.value)
             except (StartRefused, SpecfleetError, OSError) as exc:
                 self.failure_output = None
                 return start_failure(self.name, exc)  # a start that cannot succeed: final
@@ -289,6 +333,7 @@ class TargetSupervisor:
         proc = adopted if adopted is not None else await self.launcher.start(
             self.name, spec, stop_grace=grace, on_line=self.backend.on_output)
         self.process, self.started_at, self.failure_output = proc, time.time(), None
+        self._looks = 0  # what it waited for is there: a later wait starts afresh
         self.metrics = None  # the previous process's counters are not this one's
         self.placement = follow(proc, self.backend, self.placement)
         if adopted is not None:

@@ -111,13 +111,15 @@ class Served:
             self._owner.send(Command.RESTART, reason)
 
     def unavailable_reason(self) -> str | None:
-        """Why the target will not serve until someone acts (None: it serves, or is on its
-        way: starting, loading, backing off, restarting, unloaded and loading on demand)."""
+        """Why the target will not serve until someone acts, or until what the host lacks
+        is there (waiting: a request is not held for a mount that may come back in a day).
+        None: it serves, or is on its way: starting, loading, backing off, restarting,
+        unloaded and loading on demand."""
         owner = self._owner
         if owner.state is State.UNLOADED:
             refused = owner.loading.load_refused
             return f"unloaded: {refused}" if refused else None
-        if self.serving or owner.wanted:
+        if self.serving or (owner.wanted and owner.state is not State.WAITING):
             return None
         why = owner.last_event.reason if owner.last_event else ""
         return f"{owner.state.value}" + (f": {why}" if why else "")

@@ -1,7 +1,9 @@
 """What comes before a target's process starts, in order: where the runtime's commands run
-(an image?), the runtime's preflight, the pairing guard, the VRAM placement, the tuner's
-view of the runtime, and the launch spec with the tuner's setting. Raises what makes the
-start impossible (StartRefused, SpecfleetError); the owner turns that into a failure."""
+(an image?), what the host lacks for it (files, binary), the runtime's preflight, the
+pairing guard, the VRAM placement, the tuner's view of the runtime, and the launch spec with
+the tuner's setting. Raises what makes the start impossible (StartRefused, SpecfleetError),
+which the owner turns into a failure, or what the host lacks now (Lacking, NotReachableYet),
+which it waits for (waiting.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.errors import NotReachableYet, StartRefused
+from supervisor.errors import Lacking, StartRefused
 from supervisor.gpu.placement import Placer
-from supervisor.models.gguf import incomplete
 from supervisor.plugin.backend import Backend, Failure, FailureKind, LaunchSpec
 from supervisor.plugin.launching import Launcher, RunningProcess
 from supervisor.supervision.explain import pairing_warnings
+from supervisor.supervision.waiting import lacking
 from supervisor.tuning.autotuner import AutoTuner
 
 
@@ -30,8 +32,9 @@ async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Pl
                      tuner: AutoTuner, pairing: Callable[[list[str]], None]) -> StartPlan:
     """`pairing` gets the pairing guard's warnings (cached per file: cheap after the first)."""
     backend.executor = await launcher.runtime_host(name)
-    if (why := await asyncio.to_thread(incomplete, backend.model_files())) is not None:
-        raise StartRefused(why)  # before the runtime loads half a model and crashes on it
+    # Before the runtime loads half a model and crashes on it, or cannot be found at all.
+    if (why := await asyncio.to_thread(lacking, backend)) is not None:
+        raise Lacking(why)
     info = await backend.preflight()
     pairing(await pairing_warnings(backend))
     assignment = await placer.check_start(name) if placer else None
@@ -46,12 +49,10 @@ async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Pl
 
 def start_failure(name: str, exc: Exception) -> Failure:
     """A start that cannot succeed, as a final failure: refused by the placer, a check of
-    the backend, or the operating system (a binary that cannot be executed); except one
-    whose cluster does not answer yet, retried under the restart policy."""
+    the backend, or the operating system (a binary that cannot be executed). (What the host
+    lacks, a cluster or registry that does not answer, is waited for: never here.)"""
     if isinstance(exc, StartRefused):
         return Failure(FailureKind.REFUSED, str(exc), retryable=False)
-    if isinstance(exc, NotReachableYet):  # the cluster may answer at the next try
-        return Failure(FailureKind.UNREACHABLE, str(exc))
     if isinstance(exc, OSError):
         return Failure(FailureKind.CRASH, f"could not start target '{name}': "
                        f"{exc.strerror or exc}", retryable=False)

@@ -14,6 +14,7 @@ class State(enum.StrEnum):
     READY = "ready"
     DEGRADED = "degraded"  # running, but health checks are failing
     BACKOFF = "backoff"  # crashed; waiting before the next start
+    WAITING = "waiting"  # the host lacks what it needs (a file, a binary, its port): looks again
     FAILED = "failed"  # gave up; needs a change or a manual restart
     STOPPING = "stopping"
     DETACHED = "detached"  # left running when the daemon exited (systemd units); adopted later
@@ -33,12 +34,12 @@ def is_live(state: object) -> bool:
 
 ALLOWED: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset({State.STARTING, State.UNLOADED}),
-    # Start-up failures are final, except what it runs on not answering yet (backoff).
-    # Stopped or unloaded before any process: a command during a ModelKit's pull.
-    State.STARTING: frozenset({State.LOADING, State.FAILED, State.BACKOFF, State.STOPPED,
-                               State.UNLOADED}),
+    # Start-up failures are final, or what the host lacks is waited for (waiting). Stopped
+    # or unloaded before any process: a command during a ModelKit's pull.
+    State.STARTING: frozenset({State.LOADING, State.FAILED, State.STOPPED, State.UNLOADED,
+                               State.WAITING}),
     State.LOADING: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
-                              State.DETACHED}),
+                              State.DETACHED, State.WAITING}),  # waiting: its port was taken
     State.READY: frozenset({State.DEGRADED, State.BACKOFF, State.FAILED, State.STOPPING,
                             State.DETACHED}),
     State.DEGRADED: frozenset({State.READY, State.BACKOFF, State.FAILED, State.STOPPING,
@@ -46,6 +47,8 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FAILED,  # internal error
                               State.UNLOADED}),
     State.FAILED: frozenset({State.STARTING}),
+    # Looked again and found (starting), or a command: stop, unload; or an internal error.
+    State.WAITING: frozenset({State.STARTING, State.STOPPED, State.UNLOADED, State.FAILED}),
     State.STOPPING: frozenset({State.STOPPED, State.STARTING, State.FAILED,  # internal error
                                State.UNLOADED}),
     State.DETACHED: frozenset(),

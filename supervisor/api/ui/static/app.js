@@ -316,7 +316,7 @@ function mountChart(host, series, data, marks) {
 }
 
 function marksPlugin(marks) {
-  const colour = (m) => (m.kind === "tuning" ? "#9333ea" : m.state === "failed" || m.state === "backoff" ? "#dc2626" : "#6b7280");
+  const colour = (m) => (m.kind === "tuning" ? "#9333ea" : m.state === "failed" || m.state === "backoff" || m.state === "waiting" ? "#dc2626" : "#6b7280");
   return {
     hooks: {
       draw: [(u) => {
