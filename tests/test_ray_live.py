@@ -301,13 +301,13 @@ def test_a_ray_head_that_is_down_holds_up_neither_the_api_nor_other_targets(
             return False
     wait_for(healthz, 30, "the API to answer")
     daemon.wait_state("local", "ready", timeout=60)
-    assert daemon.target("remote")["state"] in ("starting", "backoff"), daemon.target("remote")
+    assert daemon.target("remote")["state"] in ("starting", "waiting"), daemon.target("remote")
     said = [e["reason"] for e in daemon.events("-")]
     assert f"connecting to the Ray cluster at daemon.ray.address {address}; targets on Ray " \
            "start once it answers" in said, said
-    # The Ray target backs off and tries again (its owner answers commands meanwhile).
-    backoff = wait_for(lambda: [e for e in daemon.events("remote") if e.get("new") == "backoff"],
+    # The Ray target waits and tries again (its owner answers commands meanwhile).
+    waiting = wait_for(lambda: [e for e in daemon.events("remote") if e.get("new") == "waiting"],
                        60, "the Ray target's first try to fail")[0]
-    assert backoff["data"]["failure"] == "unreachable", backoff
-    assert f"the Ray cluster at daemon.ray.address {address} does not answer" in backoff["reason"]
+    assert waiting["data"]["failure"] == "unreachable", waiting
+    assert f"the Ray cluster at daemon.ray.address {address} does not answer" in waiting["reason"]
     assert daemon.stop(timeout=30) == 0, daemon.log()  # killed after 30 s otherwise

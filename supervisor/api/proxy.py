@@ -172,6 +172,11 @@ class Proxy:
             return (f"target {target.name!r} was removed from the fleet file by a reload "
                     "while the request waited for it")
         if (why := target.unavailable_reason()) is not None:
+            state = target.state_name()
+            if state == "waiting":  # the reason says what for and when it looks again
+                return f"target {target.name!r} is {why}"
+            if state == "unloaded":  # a load that was refused is decided afresh each time
+                return f"target {target.name!r} is {why}; the next request tries to load it again"
             return (f"target {target.name!r} is {why}; it will not come back by itself (POST "
                     f"/v1/targets/{target.name}/restart, or fix the fleet file and reload)")
         return (f"target {target.name!r} is {target.state_name()} and did not become ready "

@@ -127,7 +127,9 @@ class Restart(_Strict):
     """Crash handling: restarts with exponential backoff, and giving up on a crash loop."""
 
     backoff_initial: Seconds = Field(default=2.0, description=(
-        "Delay before the first restart; each further crash within `window` multiplies it."))
+        "Delay before the first restart; each further crash within `window` multiplies it. "
+        "Also the first delay before a target `waiting` for what the host lacks (a file, a "
+        "binary, its port) looks again, doubling to at most 10 s."))
     backoff_max: Seconds = Field(default=300.0, description="Longest delay before a restart.")
     backoff_multiplier: float = Field(default=2.0, ge=1.0, le=10.0, description=(
         "Factor by which the delay grows with each recent crash."))
