@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Every exit is a clean exit (docs/systemd.md): a SIGTERM while the fleet file is read,
+    # before anything started, ends `run` with 0; from the daemon's first step on its loop
+    # takes SIGTERM (lifecycle.py); once it returned, the exit is decided and a second
+    # SIGTERM (systemd's, a user's) must not turn it into death by signal.
+    signal.signal(signal.SIGTERM, _stopped_before_start)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _stopped_before_start(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _run(args: argparse.Namespace) -> int:
     import asyncio
 
     from supervisor.cli.common import load

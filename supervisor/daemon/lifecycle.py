@@ -42,6 +42,7 @@ from supervisor.plugin.registry import Registry
 from supervisor.supervision.probes import sleep_to_next_tick
 
 STATUS_REFRESH = 5.0  # seconds between status-file rewrites when nothing happens
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: a reload
 
 
 class Daemon:
@@ -71,6 +72,7 @@ class Daemon:
         self.monitor = ResourceMonitor(settings.gpu, self.targets.running_pids,
                                        self.targets.publish_usage, self._headroom_alert)
         self._signals: asyncio.Queue[int] = asyncio.Queue()
+        self._stop_asked = False  # SIGTERM or SIGINT came (the main loop acts on it)
         self._background: list[asyncio.Task[None]] = []  # monitor, watchdog
         self._started = time.time()
         self._stamp = processstamp.stamp(os.getpid())
@@ -83,7 +85,24 @@ class Daemon:
     # --- lifecycle ---
 
     async def run(self) -> int:
-        self.state_health.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self.state_health.loop = loop
+        # First of all: a SIGTERM from here on is the daemon's to handle, whatever it is
+        # doing (sweeping orphans, connecting to Ray, starting targets): a stop that came
+        # before the targets start skips them (_serve), and the daemon exits 0.
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._signalled, sig)
+        try:
+            return await self._run()
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def _signalled(self, sig: int) -> None:
+        self._stop_asked = self._stop_asked or sig != signal.SIGHUP
+        self._signals.put_nowait(sig)
+
+    async def _run(self) -> int:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -100,9 +119,6 @@ class Daemon:
                                  processes=killed)
             await self.launchers.prepare(self.fleet)
             await self._remove_leftovers(self.fleet)
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.add_signal_handler(sig, self._signals.put_nowait, sig)
             # Connection: close on every probe: an idle keep-alive connection would tie up
             # one of llama-server's few HTTP worker threads.
             self.targets.http = aiohttp.ClientSession(
@@ -111,8 +127,6 @@ class Daemon:
                 await self._serve()
             finally:
                 await self._close()
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                    loop.remove_signal_handler(sig)
                 self.emit("daemon", "specfleet stopped")
         return 0
 
@@ -127,8 +141,8 @@ class Daemon:
                             asyncio.create_task(self._sample_history(), name="history"),
                             asyncio.create_task(self._trim_memory(), name="malloc_trim")]
         await self.targets.discard_left_running()
-        for target in self.fleet.targets.values():
-            self.targets.add(target)
+        for target in self.fleet.targets.values() if not self._stop_asked else ():
+            self.targets.add(target)  # (not when asked to stop meanwhile: nothing to undo)
         self.proxy.fleet_added()
         # The first reconcile is done: every target is started, adopted or refused.
         # Models may still be loading; READY=1 does not wait for them (minutes).

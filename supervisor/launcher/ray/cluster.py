@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import signal
 import threading
@@ -29,6 +30,8 @@ ACTOR_PREFIX = "specfleet/"
 
 
 def import_ray() -> ModuleType:
+    # Before Ray reads its constants: no failure signal handler in the daemon (see _OURS).
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         import ray
     except ImportError:
@@ -50,22 +53,25 @@ def actor_name(target: str) -> str:
 # Ray's core worker installs abseil's failure signal handler when ray.init connects, for
 # SIGTERM among the crash signals: it writes a stack trace through Ray's logger, then hands
 # the signal on. Not async-signal-safe: a SIGTERM that came while another thread held the
-# logger's lock ended the daemon with SIGABRT before it stopped a single target (seen on a
-# loaded box: a daemon stopped right after it adopted an actor, and the actor and its
-# server outlived it). SIGTERM is the daemon's own way to stop, so its handler comes back.
+# logger's lock ended the daemon with SIGABRT before it stopped a single target (a daemon
+# stopped right after it adopted an actor), and one that came while ray.init still ran (in
+# its thread, before the daemon's handler could come back) ended a daemon that had stopped
+# every target with SIGABRT all the same (tests/test_sigterm_live.py). So the handler is
+# not installed at all (RAY_DISABLE_FAILURE_SIGNAL_HANDLER, read when Ray is imported), and
+# where it was anyway (an environment that set the variable to 0), SIGTERM's comes back.
 _OURS = (signal.SIGTERM,)
 
 
-def own_handlers() -> dict[int, Any]:
-    """The Python handlers of the signals Ray takes (read in the main thread)."""
-    return {sig: signal.getsignal(sig) for sig in _OURS}
-
-
-def take_back(handlers: dict[int, Any]) -> None:
-    """Install `handlers` again at the C level, over what Ray installed meanwhile."""
+def take_back() -> None:
+    """Install the Python handlers of the signals Ray takes again at the C level, over what
+    Ray installed meanwhile. The handlers as they are now, not as they were when the connect
+    began: the daemon's own SIGTERM handler may have come in between (the connect starts
+    before the loop's handlers), and putting back the older default made the next SIGTERM
+    kill the daemon outright (exit -15, nothing stopped)."""
     if threading.current_thread() is not threading.main_thread():
         return  # only the main thread may set handlers (the daemon's loop runs there)
-    for sig, handler in handlers.items():
+    for sig in _OURS:
+        handler = signal.getsignal(sig)  # Python's own record: Ray's C handler is not in it
         if handler is not None:
             signal.signal(sig, handler)
 
@@ -144,11 +150,10 @@ class RayCluster:
         async with self._lock:
             if self._ray is None:
                 ray = import_ray()
-                ours = own_handlers()
                 try:
                     await self._thread.run(self._init, ray)  # see LastingThread
                 finally:
-                    take_back(ours)
+                    take_back()
                 self._ray = ray
 
     def _init(self, ray: ModuleType) -> None:
