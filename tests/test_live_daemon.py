@@ -193,7 +193,7 @@ def test_sighup_restarts_only_the_changed_target_and_a_broken_file_changes_nothi
     assert daemon.target("changing")["speculation"]["method"] == "ngram"
     reload_event = [e for e in daemon.events() if e["kind"] == "reload"][-1]
     assert reload_event["data"] == {"added": [], "removed": [], "changed": ["changing"],
-                                   "retried": []}
+                                   "retried": [], "waiting": []}
 
     new_pid = daemon.target("changing")["pid"]
     good_text = fleet.read_text()
