@@ -4,11 +4,12 @@
 #   podman, runc    tests/test_container_live.py (the container launcher, live; runc
 #                   because crun cannot run on these machines' cgroup layout)
 #   docker-registry tests/test_registry_live.py (a real OCI registry on loopback)
+#   prometheus      tests/test_keys_live.py (Debian's Prometheus scrapes /metrics with a read key)
 # `install`: apt-get installs the missing ones, as root or with passwordless sudo.
 # `report`: says which are missing, which tests skip without them and the one command
 # that installs them; says nothing when none is missing.
 set -euo pipefail
-PACKAGES=(chromium podman runc docker-registry)
+PACKAGES=(chromium podman runc docker-registry prometheus)
 
 missing() {
     local p
@@ -35,6 +36,8 @@ report() {
         || echo "  tests/test_container_live.py (the container launcher with podman and runc, live)"
     [[ " $* " != *" docker-registry "* ]] \
         || echo "  tests/test_registry_live.py (models from a real OCI registry on loopback)"
+    [[ " $* " != *" prometheus "* ]] \
+        || echo "  tests/test_keys_live.py's Prometheus scrape (/metrics with a read key)"
     echo "To run them: sudo apt-get install ${*}"
 }
 

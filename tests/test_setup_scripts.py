@@ -30,19 +30,20 @@ def test_the_report_names_what_is_missing_the_tests_that_skip_and_the_command(tm
     proc = system_packages("report", fake_path(tmp_path, ["podman"]))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("Not installed: chromium runc docker-registry "), lines
-    assert lines[-1] == "To run them: sudo apt-get install chromium runc docker-registry"
+    assert lines[0].startswith("Not installed: chromium runc docker-registry prometheus "), lines
+    assert lines[-1] == ("To run them: sudo apt-get install chromium runc docker-registry "
+                         "prometheus")
     named = re.findall(r"tests/\S+\.py", proc.stdout)
     assert named == ["tests/test_ui_browser.py", "tests/test_container_live.py",
-                     "tests/test_registry_live.py"]
+                     "tests/test_registry_live.py", "tests/test_keys_live.py"]
     assert all((REPO / name).is_file() for name in named)
 
 
 def test_nothing_is_reported_or_installed_when_every_package_is_there(tmp_path):
-    path = fake_path(tmp_path, ["chromium", "podman", "runc", "docker-registry"])
+    path = fake_path(tmp_path, ["chromium", "podman", "runc", "docker-registry", "prometheus"])
     assert system_packages("report", path).stdout == ""
     assert system_packages("install", path).stdout == \
-        "chromium podman runc docker-registry: installed\n"
+        "chromium podman runc docker-registry prometheus: installed\n"
 
 
 def readme_quick_start() -> list[str]:

@@ -12,9 +12,10 @@ import aiohttp
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from supervisor.api.keys import KeyRing
 from supervisor.api.server import ApiServer
 from supervisor.cli import statusview
-from supervisor.config.schema import Target
+from supervisor.config.schema import Fleet, Target
 from supervisor.events import Event, EventBus
 from supervisor.plugin import MetricsSample
 from supervisor.supervision.owner import TargetSupervisor
@@ -47,14 +48,14 @@ class OneTargetFleet:
     def served_target(self, name: str) -> TargetSupervisor | None:
         return self.sup if name == self.sup.name else None
 
-    async def reload(self) -> tuple[bool, list[str]]:
+    async def reload(self, by: str | None = None) -> tuple[bool, list[str]]:
         return True, []
 
     def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
         return self.bus.subscribe(fn)
 
-    def api_token(self) -> str | None:
-        return None
+    def keyring(self) -> KeyRing:
+        return KeyRing(lambda: Fleet(version=1, targets={}))
 
     def litellm_config(self) -> dict[str, Any]:
         return {}

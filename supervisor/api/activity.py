@@ -43,10 +43,12 @@ class RequestLog:
 
     def record(self, target: str, status: int, started: float, duration: float,
                stream: bool = False, final: Mapping[str, Any] | None = None,
-               error: str | None = None) -> None:
+               error: str | None = None, key: str | None = None) -> None:
         entry: dict[str, Any] = {"time": round(started, 3), "target": target,
                                  "status": status, "duration_s": round(duration, 3),
                                  "stream": stream, **counts(final)}
+        if key is not None:
+            entry["key"] = key  # the key's name: who asked (never the key)
         if "tokens_per_second" not in entry and entry.get("completion_tokens") and duration > 0:
             entry["tokens_per_second"] = entry["completion_tokens"] / duration
         if "tokens_per_second" in entry:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from supervisor.api.keys import KeyRing
 from supervisor.events import Event
 
 
@@ -73,14 +74,15 @@ class FleetView(Protocol):
 
     def served_target(self, name: str) -> ServedTarget | None: ...
 
-    async def reload(self) -> tuple[bool, list[str]]:
-        """(applied, problems): a bad file changes nothing and lists its problems."""
+    async def reload(self, by: str | None = None) -> tuple[bool, list[str]]:
+        """(applied, problems): a bad file changes nothing and lists its problems. `by`: the
+        name of the key that asked, for the reload's event."""
 
     def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
         """Every event as it happens; returns the function that unsubscribes."""
 
-    def api_token(self) -> str | None:
-        """None: no token configured; "" (matches nothing): configured but unreadable."""
+    def keyring(self) -> KeyRing:
+        """The keys of the API and the proxy (keys.py), each read at every use."""
 
     def litellm_config(self) -> dict[str, Any]: ...
 
@@ -88,9 +90,10 @@ class FleetView(Protocol):
 
     def record_request(self, target: str, status: int, started: float, duration: float,
                        stream: bool, final: dict[str, Any] | None,
-                       error: str | None = None) -> None:
+                       error: str | None = None, key: str | None = None) -> None:
         """A request through the proxy, for the activity list; `final` is the object at the
-        end of its response that says what it used (timings, usage), if any."""
+        end of its response that says what it used (timings, usage), if any; `key` the name
+        of the key it came with (never the key)."""
 
     def recent_requests(self, limit: int | None = None) -> list[dict[str, Any]]: ...
 

@@ -3,6 +3,8 @@
 Pure. Each target becomes a `model_list` entry (model_name = the target's name,
 litellm_params.model "openai/<name>", api_base, and the API key as a reference,
 "os.environ/VAR", never the key; a key file becomes a variable that `notes` explains).
+Through the proxy the key is an inference key of `daemon.keys` that covers the target (a
+router needs no more), else the api_token.
 With specfleet's proxy on, api_base is the proxy: it holds requests while a target
 restarts (a crash or a retune) instead of failing them.
 LiteLLM's own background health checks send a real completion to every model (loading
@@ -24,10 +26,17 @@ from supervisor.config.schema import ApiKey, Fleet, Target
 TOKEN_VARIABLE = "SPECFLEET_API_TOKEN"
 
 
+def _upper(name: str) -> str:
+    return re.sub(r'[^A-Z0-9]+', '_', name.upper()).strip('_')
+
+
 def _file_variable(target: str | None) -> str:
+    """The variable for a key file: the api_token's, a target's (`t:NAME`), a named key's."""
     if target is None:
         return TOKEN_VARIABLE
-    return f"SPECFLEET_{re.sub(r'[^A-Z0-9]+', '_', target.upper()).strip('_')}_API_KEY"
+    if target.startswith("key:"):
+        return f"SPECFLEET_{_upper(target[4:])}_KEY"
+    return f"SPECFLEET_{_upper(target)}_API_KEY"
 
 
 def _key_reference(key: ApiKey | None, target: str | None) -> str | None:
@@ -38,8 +47,13 @@ def _key_reference(key: ApiKey | None, target: str | None) -> str | None:
 
 
 def _key_source(fleet: Fleet, name: str) -> tuple[ApiKey | None, str | None, str]:
-    """The key a request for target `name` needs: (key, target for its variable, setting)."""
+    """The key a request for target `name` needs: (key, its variable's name part, setting).
+    Through the proxy, the first inference key that covers the target, else the api_token
+    (a router needs only inference: a leaked router config must not restart targets)."""
     if fleet.daemon.proxy.enabled:
+        for key_name, key in fleet.daemon.keys.items():
+            if "inference" in key.scopes and (key.targets is None or name in key.targets):
+                return key, f"key:{key_name}", f"daemon.keys.{key_name}"
         return fleet.daemon.api_token, None, "daemon.api_token"
     return fleet.targets[name].api_key, name, f"targets.{name}.api_key"
 

@@ -21,9 +21,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from supervisor.api.auth import auth_middleware
+from supervisor.api.auth import KEY, auth_middleware, proxy_scope
 from supervisor.api.common import errors_as_json, json_error, named_target, serve
 from supervisor.api.fleetview import FleetView, ServedTarget
+from supervisor.api.keys import OPEN, Holder
 from supervisor.tuning.acceptance import CLASS_HEADER, request_class
 
 # Hop-by-hop and length headers are the proxy's own business, not passed through.
@@ -43,7 +44,8 @@ class Proxy:
         self._fleet.set()
         self._session: aiohttp.ClientSession | None = None
         self.app = web.Application(middlewares=[errors_as_json,
-                                                auth_middleware(fleet.api_token, set())],
+                                                auth_middleware(fleet.keyring(), set(),
+                                                                proxy_scope)],
                                    client_max_size=64 * 1024 * 1024)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.forward)
@@ -95,8 +97,9 @@ class Proxy:
     async def models(self, request: web.Request) -> web.Response:
         await self._fleet_known()
         data = []
+        key: Holder = request[KEY]
         for name in self.fleet.target_names():
-            if (target := self.fleet.served_target(name)) is not None:
+            if key.may_use(name) and (target := self.fleet.served_target(name)) is not None:
                 data.append({"id": name, "object": "model", "owned_by": "specfleet",
                              "created": int(target.since), "ready": target.serving})
         return web.json_response({"object": "list", "data": data})
@@ -121,6 +124,12 @@ class Proxy:
             return json_error(400, "the request needs a \"model\" (a target name)")
         await self._fleet_known()
         target = named_target(self.fleet, body["model"])
+        key: Holder = request[KEY]
+        if not key.may_use(target.name):  # listed in the activity, as who was refused
+            covers = ", ".join(sorted(key.targets or ()))
+            return self._failed(request, target, time.time(), body.get("stream") is True, 403,
+                                f"key {key.name!r} may not use target {target.name!r}: its "
+                                f"inference scope covers {covers}")
         upstream_model = target.upstream_model()
         if upstream_model is not None and upstream_model != body["model"]:
             body["model"] = upstream_model
@@ -137,7 +146,7 @@ class Proxy:
                         and deadline > time.monotonic():
                     target = now
                     continue
-                return self._failed(target, began, stream, 503, self._unavailable(target))
+                return self._failed(request, target, began, stream, 503, self._unavailable(target))
             klass = request_class(body, request.path, request.headers.get(CLASS_HEADER))
             await target.arriving(klass, deadline - time.monotonic())
             if not target.serving:
@@ -146,7 +155,8 @@ class Proxy:
                 async with target.relaying() as base_url:
                     response, final = await self._relay(request, target, raw, base_url, klass)
                 self.fleet.record_request(target.name, response.status, began,
-                                          time.time() - began, stream, final)
+                                          time.time() - began, stream, final,
+                                          key=_key_name(request))
                 return response
             except _NotSent as exc:
                 # Nothing reached the client yet. Refused connections (the target is
@@ -154,17 +164,17 @@ class Proxy:
                 # then dropped without an answer (it died) is resent once, no more.
                 if exc.received:
                     if resent:
-                        return self._failed(target, began, stream, 502,
+                        return self._failed(request, target, began, stream, 502,
                                             f"target {target.name!r} dropped the request "
                                             "without an answer twice (it was resent once)")
                     resent = True
                 await asyncio.sleep(0.05)
 
-    def _failed(self, target: ServedTarget, began: float, stream: bool, status: int,
-                message: str) -> web.Response:
+    def _failed(self, request: web.Request, target: ServedTarget, began: float, stream: bool,
+                status: int, message: str) -> web.Response:
         """A request answered by the proxy itself, listed in the activity too."""
         self.fleet.record_request(target.name, status, began, time.time() - began, stream,
-                                  None, error=message)
+                                  None, error=message, key=_key_name(request))
         return json_error(status, message)
 
     def _unavailable(self, target: ServedTarget) -> str:
@@ -258,3 +268,9 @@ def _final_object(tail: bytes) -> dict[str, Any] | None:
         except ValueError:
             return None
     return data if isinstance(data, dict) else None
+
+
+def _key_name(request: web.Request) -> str | None:
+    """The name of the key the request came with, for the request log; None without keys."""
+    key: Holder = request.get(KEY, OPEN)
+    return None if key is OPEN else key.name

@@ -17,9 +17,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from supervisor import __version__
-from supervisor.api.auth import Sessions, auth_middleware
+from supervisor.api.auth import KEY, Sessions, api_scope, auth_middleware
 from supervisor.api.common import errors_as_json, named_target, serve
 from supervisor.api.fleetview import FleetView
+from supervisor.api.keys import OPEN, Holder
 from supervisor.api.promexport import registry_for
 from supervisor.api.ui import FAVICON, LOGIN, StatusPages
 from supervisor.events import Event
@@ -34,8 +35,8 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self.sessions = Sessions()
         self.app = web.Application(middlewares=[
-            errors_as_json, auth_middleware(fleet.api_token, OPEN_PATHS, self.sessions,
-                                            PAGES, LOGIN)])
+            errors_as_json, auth_middleware(fleet.keyring(), OPEN_PATHS, api_scope,
+                                            self.sessions, PAGES, LOGIN)])
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/v1/targets", self.targets)
         self.app.router.add_get("/v1/targets/{name}", self.target)
@@ -69,11 +70,12 @@ class ApiServer:
 
     async def restart(self, request: web.Request) -> web.Response:
         target = named_target(self.fleet, request.match_info["name"])
-        target.restart("restart requested through the API")
+        target.restart("restart requested through the API" + _with_key(request))
         return web.json_response({"target": target.name, "restarting": True}, status=202)
 
     async def reload(self, request: web.Request) -> web.Response:
-        ok, problems = await self.fleet.reload()
+        key: Holder = request[KEY]
+        ok, problems = await self.fleet.reload(None if key is OPEN else key.name)
         if not ok:
             return web.json_response({"reloaded": False, "problems": problems}, status=422)
         return web.json_response({"reloaded": True})
@@ -114,3 +116,9 @@ class ApiServer:
             unsubscribe()
         return response
 
+
+
+def _with_key(request: web.Request) -> str:
+    """Who asked, for the event of what it did: the key's name, never the key."""
+    key: Holder = request.get(KEY, OPEN)
+    return "" if key is OPEN else f" (key {key.name!r})"

@@ -1,18 +1,19 @@
 """The status page's side of the API listener (docs/ui.md): the pages (static files shipped
-in the package, no build step), the browser's login with the API token, and what the
+in the package, no build step), the browser's login with a key, and what the
 pages read that the API did not have: a target's history, its log tail, the requests,
 why it runs its tuned setting.
 
 A login sets one cookie, the session (HttpOnly, SameSite=Strict); the page then reads
 its CSRF token from /ui/session and sends it in a header with every state-changing
-request (auth.py checks both). Without a configured token (a loopback-only
-daemon) the pages need no login, as the API needs no token. Wrong tokens at the login are
-slowed down per client address (throttle.py).
+request (auth.py checks both). Any key that may read logs in (the api_token, or a named
+key with read or admin scope); the session keeps the key's scopes, and /ui/session says
+whether it may act, so a read key's page shows no buttons. Without a configured key (a
+loopback-only daemon) the pages need no login, as the API needs none. Wrong keys at the
+login are slowed down per client address, whichever key was meant (throttle.py).
 """
 
 from __future__ import annotations
 
-import hmac
 import math
 import time
 from pathlib import Path
@@ -20,9 +21,10 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from supervisor.api.auth import CSRF_HEADER, SESSION_COOKIE, Sessions
+from supervisor.api.auth import CSRF_HEADER, KEY, SESSION_COOKIE, Sessions
 from supervisor.api.common import named_target
 from supervisor.api.fleetview import FleetView
+from supervisor.api.keys import OPEN, Holder
 from supervisor.api.throttle import FREE, LoginThrottle
 
 UI_DIR = Path(__file__).parent / "ui"
@@ -63,13 +65,15 @@ class StatusPages:
         return web.FileResponse(UI_DIR / "index.html", headers=_NO_STORE)
 
     async def login_page(self, request: web.Request) -> web.Response:
-        if self.fleet.api_token() is None:
+        if not self.fleet.keyring().configured():
             return _redirect("/ui")  # nothing to log in to
         return _login_html()
 
     async def login(self, request: web.Request) -> web.Response:
-        expected = self.fleet.api_token()
-        if expected is None:
+        """Any key with read (or admin) scope logs in; the session keeps its scopes, so a
+        read key's page shows no buttons and the API refuses their requests all the same."""
+        keys = self.fleet.keyring()
+        if not keys.configured():
             return _redirect("/ui")
         client = request.remote or ""
         if (wait := self.throttle.wait(client, time.monotonic())) > 0:
@@ -77,7 +81,8 @@ class StatusPages:
             return _login_html(f"Too many wrong tokens: try again in {seconds} s.", status=429,
                                headers={"Retry-After": str(seconds)})
         given = str((await request.post()).get("token", ""))
-        if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+        holder = keys.holder(given)
+        if holder is None or not holder.grants("read"):
             if self.throttle.failed(client, time.monotonic()):
                 # Once per run of failures, and never the token that was tried.
                 log.warning(f"status page: {FREE} wrong tokens in a row from "
@@ -86,7 +91,7 @@ class StatusPages:
             return _login_html("Wrong token.", status=401)
         self.throttle.succeeded(client)
         response = _redirect("/ui")
-        response.set_cookie(SESSION_COOKIE, self.sessions.create(), httponly=True,
+        response.set_cookie(SESSION_COOKIE, self.sessions.create(holder), httponly=True,
                             samesite="Strict", path="/", max_age=int(self.sessions.ttl))
         return response
 
@@ -99,8 +104,11 @@ class StatusPages:
     async def session(self, request: web.Request) -> web.Response:
         """The CSRF token of the caller's session (auth.py let only the logged-in through)."""
         csrf = self.sessions.csrf(request.cookies.get(SESSION_COOKIE, "")) or ""
+        key: Holder = request[KEY]
         return web.json_response({"csrf": csrf, "csrf_header": CSRF_HEADER,
-                                  "login": self.fleet.api_token() is not None},
+                                  "login": self.fleet.keyring().configured(),
+                                  "key": None if key is OPEN else key.name,
+                                  "admin": key.grants("admin")},
                                  headers=_NO_STORE)
 
     async def history(self, request: web.Request) -> web.Response:

@@ -69,6 +69,8 @@ def read(path: str) -> DaemonKeys | None:
     daemon = doc.get("daemon") or {}
     if not isinstance(daemon, dict):
         return None
+    if daemon.get("keys"):
+        return None  # named keys: which one may read is the full load's to say
     state_dir = _text(daemon["state_dir"]) if "state_dir" in daemon else default_state_dir()
     understood, token = _token(daemon.get("api_token"))
     if state_dir is None or not understood:

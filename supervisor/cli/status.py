@@ -39,12 +39,16 @@ def _daemon_keys(path: str) -> DaemonKeys:
     keys = daemonkeys.read(path)
     if keys is not None:
         return keys
+    from supervisor.api.keys import KeyRing
     from supervisor.api.token import read_api_token
     from supervisor.config.loader import load_fleet
 
     fleet = load_fleet(path).fleet
-    return daemonkeys.DaemonKeys(Path(fleet.daemon.state_dir).expanduser(),
-                                 read_api_token(fleet))
+    # The api_token, else a named key that may read (daemon.keys: the light read leaves
+    # those to this load).
+    token = read_api_token(fleet) if fleet.daemon.api_token is not None else \
+        KeyRing(lambda: fleet).first_reader()
+    return daemonkeys.DaemonKeys(Path(fleet.daemon.state_dir).expanduser(), token)
 
 
 def run(args: argparse.Namespace) -> int:

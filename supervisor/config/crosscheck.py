@@ -84,11 +84,11 @@ def check_daemon_listeners(fleet: Fleet) -> list[Problem]:
         [(("daemon", "proxy", "listen"), d.proxy.listen)] if d.proxy.enabled else [])
     for path, address in listeners:
         host = address.rpartition(":")[0]
-        if host not in _LOOPBACK and d.api_token is None:
+        if host not in _LOOPBACK and d.api_token is None and not d.keys:
             problems.append(Problem(path, f"{address} is reachable beyond this machine, but "
                                     "daemon.api_token is not set: anyone could restart targets "
-                                    "and use the models. Set api_token: {env: VAR} or bind "
-                                    "127.0.0.1"))
+                                    "and use the models. Set api_token: {env: VAR} (or "
+                                    "daemon.keys) or bind 127.0.0.1"))
     if d.proxy.enabled and d.proxy.listen.rpartition(":")[2] == d.api.rpartition(":")[2] and \
             _hosts_overlap(d.proxy.listen.rpartition(":")[0], d.api.rpartition(":")[0]):
         problems.append(Problem(("daemon", "proxy", "listen"),
@@ -121,27 +121,61 @@ def check_ports(fleet: Fleet) -> list[Problem]:
 
 
 def check_api_token(fleet: Fleet) -> list[Problem]:
-    """`specfleet run` refuses a daemon.api_token it cannot read, or an empty one
-    (daemon/lifecycle.py), so `check` reports it too. Only that it can be read now: the
-    daemon reads the token again on every request, so a rotated key file needs no restart."""
-    source = fleet.daemon.api_token
-    if source is None:
-        return []
-    path = ("daemon", "api_token", "env" if source.env is not None else "file")
-    refused = "; `specfleet run` refuses to start without it (the API and the proxy would " \
-              "refuse every request)"
-    try:
-        token = source.read("daemon.api_token")
-    except SpecfleetError as exc:
-        cause = exc.__cause__
-        why = (f"environment variable {source.env} is not set" if source.env is not None else
-               f"cannot read {source.file!r}: "
-               f"{getattr(cause, 'strerror', None) or cause or exc}")
-        return [Problem(path, why + refused)]
-    if not token:
-        return [Problem(path, ("the token is empty" if source.env is None else
-                               f"environment variable {source.env} is empty") + refused)]
-    return []
+    """`specfleet run` refuses a daemon.api_token or a key of daemon.keys that it cannot
+    read, or an empty one (daemon/lifecycle.py), so `check` reports it too; and two keys
+    that hold the same secret (which one a request used could not be told). Only that each
+    can be read now: the daemon reads them again on every request, so a rotated key file
+    needs no restart."""
+    sources = [(("daemon", "api_token"), fleet.daemon.api_token)] + [
+        (("daemon", "keys", name), key) for name, key in fleet.daemon.keys.items()]
+    problems, seen = [], {}
+    for where, source in sources:
+        if source is None:
+            continue
+        path = (*where, "env" if source.env is not None else "file")
+        refused = "; `specfleet run` refuses to start without it (the API and the proxy " \
+                  "would refuse every request made with it)"
+        try:
+            secret = source.read(".".join(where))
+        except SpecfleetError as exc:
+            cause = exc.__cause__
+            why = (f"environment variable {source.env} is not set" if source.env is not None
+                   else f"cannot read {source.file!r}: "
+                   f"{getattr(cause, 'strerror', None) or cause or exc}")
+            problems.append(Problem(path, why + refused))
+            continue
+        if not secret:
+            problems.append(Problem(path, ("the key is empty" if source.env is None else
+                                           f"environment variable {source.env} is empty")
+                                    + refused))
+        elif secret in seen:
+            problems.append(Problem(path, f"holds the same key as {'.'.join(seen[secret])}: "
+                                    "give each key its own secret (its name is what the logs "
+                                    "say of it)"))
+        else:
+            seen[secret] = where
+    return problems
+
+
+def check_keys(fleet: Fleet) -> list[Problem]:
+    """What daemon.keys says, apart from this host: the targets a key names exist, and only
+    an inference key names targets."""
+    problems = []
+    for name, key in fleet.daemon.keys.items():
+        where = ("daemon", "keys", name)
+        if name == "api_token":
+            problems.append(Problem(where, "api_token is the name of daemon.api_token in the "
+                                    "logs; give this key another name"))
+        if key.targets is None:
+            continue
+        if "inference" not in key.scopes:
+            problems.append(Problem((*where, "targets"), "targets: limits the inference scope, "
+                                    "which this key does not have"))
+        for i, target in enumerate(key.targets):
+            if target not in fleet.targets:
+                problems.append(Problem((*where, "targets", i), f"no target {target!r} in the "
+                                        f"fleet; targets: {', '.join(fleet.targets)}"))
+    return problems
 
 
 def check_loading(target: Target) -> list[Problem]:
@@ -175,7 +209,7 @@ def check_model_source(target: Target) -> list[Problem]:
 
 
 def cross_check(fleet: Fleet) -> list[Problem]:
-    problems = check_ports(fleet)
+    problems = check_ports(fleet) + check_keys(fleet)
     for target in fleet.targets.values():
         problems += check_model_source(target)
         problems += check_speculation(target)

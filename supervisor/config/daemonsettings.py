@@ -35,6 +35,25 @@ class ApiKey(_Strict):
         return read_key(self.env, self.file, where)
 
 
+# What a key may do (docs/api.md, "Keys and scopes"): `read` the status, /v1/targets,
+# /metrics, the events and the page without its buttons; `inference` through the proxy;
+# `admin` restart, reload and the page's actions (and read: the page shows what it acts on).
+Scope = Literal["read", "inference", "admin"]
+KEY_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class ScopedKey(ApiKey):
+    """A named key of `daemon.keys` and what it grants; its name (never the key) is in the
+    request log and in the events of what it did."""
+
+    scopes: tuple[Scope, ...] = Field(min_length=1, description=(
+        "What the key may do: `read` (status, `/v1/targets`, `/metrics`, the page without its "
+        "buttons), `inference` (the proxy), `admin` (restart, reload, the page's actions; "
+        "reading too)."))
+    targets: tuple[str, ...] | None = Field(default=None, description=(
+        "The targets its `inference` scope covers; unset: every target."))
+
+
 
 class GpuSettings(_Strict):
     """VRAM planning and the GPU monitor (docs/gpus.md)."""
@@ -112,8 +131,13 @@ class Daemon(_Strict):
     api: str = Field(default="127.0.0.1:9910", description=(
         "`HOST:PORT` of the HTTP API and the Prometheus `/metrics` (docs/api.md)."))
     api_token: ApiKey | None = Field(default=None, description=(
-        "Bearer token of the API and the proxy (all but `/healthz`); required when either "
-        "listens beyond loopback; unset: no authentication."))
+        "Bearer token of the API and the proxy (all but `/healthz`), with every scope (a key "
+        "named `api_token`); a token or keys are required when either listens beyond "
+        "loopback; neither: no authentication."))
+    keys: dict[Annotated[str, Field(pattern=KEY_NAME)], ScopedKey] = Field(
+        default_factory=dict, description=(
+            "Named keys, each with its scopes (`{file: PATH, scopes: [read]}`); re-read on "
+            "every use, so a rotated key needs no restart (docs/api.md)."))
     proxy: Proxy = Field(default=Proxy(), description="The OpenAI-compatible proxy.")
     log_max_bytes: Bytes = Field(default=10 * 1024 * 1024, description=(
         "Size at which a target's log is rotated; `0`: never."))

@@ -162,30 +162,32 @@ class FleetSupervisors:
 
     # --- reload ---
 
-    async def reload(self) -> tuple[bool, list[str]]:
-        """Apply a changed fleet file; a bad file changes nothing. (applied, problems)"""
+    async def reload(self, by: str | None = None) -> tuple[bool, list[str]]:
+        """Apply a changed fleet file; a bad file changes nothing. (applied, problems) `by`:
+        the name of the API key that asked (its events say so)."""
         async with self._reload_lock:  # SIGHUP and the API may ask at the same time
             try:
                 loaded = await asyncio.to_thread(load_fleet, self.fleet_path,
                                                  self.registry.check_target, check_host=True,
                                                  waiting=True)
             except FleetFileError as exc:
-                return self._rejected(list(exc.problems))
+                return self._rejected(list(exc.problems), by)
             except Exception as exc:  # whatever the file does to the loader, the fleet stays
-                return self._rejected([f"{self.fleet_path}: could not be read: {exc!r}"])
+                return self._rejected([f"{self.fleet_path}: could not be read: {exc!r}"], by)
             self.rejected_reload = None
-            await self._apply(loaded.fleet, loaded.waiting)
+            await self._apply(loaded.fleet, loaded.waiting, by)
             return True, []
 
-    def _rejected(self, problems: list[str]) -> tuple[bool, list[str]]:
+    def _rejected(self, problems: list[str], by: str | None) -> tuple[bool, list[str]]:
         self.rejected_reload = {"time": time.time(), "file": str(self.fleet_path),
                                 "problems": problems}
         self.emit("reload", f"reload rejected: {len(problems)} problem(s) in "
-                  f"{self.fleet_path}; the running fleet is unchanged", detail="\n".join(problems))
+                  f"{self.fleet_path}; the running fleet is unchanged" + _asked(by),
+                  detail="\n".join(problems), data={"by": by} if by else None)
         return False, problems
 
-    async def _apply(self, new: Fleet, waiting: dict[str, tuple[str, ...]] | None = None
-                     ) -> None:
+    async def _apply(self, new: Fleet, waiting: dict[str, tuple[str, ...]] | None = None,
+                     by: str | None = None) -> None:
         await asyncio.gather(*self._replacing, return_exceptions=True)  # the last reload's
         old = self.fleet
         old_targets, new_targets = old.targets, new.targets
@@ -203,11 +205,11 @@ class FleetSupervisors:
         self.emit("reload", f"reloaded {self.fleet_path}: {len(added)} added, {len(removed)} "
                   f"removed, {len(changed)} changed, {len(retried)} failed retried"
                   + (f"; {', '.join(lacking)} will wait for what this host lacks"
-                     if lacking else ""),
+                     if lacking else "") + _asked(by),
                   detail="\n".join(line for n in lacking for line in (waiting or {})[n])
                   or None,
                   data={"added": added, "removed": removed, "changed": changed,
-                        "retried": retried, "waiting": lacking})
+                        "retried": retried, "waiting": lacking, **({"by": by} if by else {})})
         if self.before_apply is not None:
             await self.before_apply(old, new)
         self.fleet = new
@@ -327,3 +329,7 @@ class FleetSupervisors:
                 continue
             self._sampled[name] = (sup.metrics, now)
             self.histories.sample(name, sup.status().shown, now)
+
+
+def _asked(by: str | None) -> str:
+    return f" (asked with key {by!r})" if by else ""

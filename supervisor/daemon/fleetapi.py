@@ -12,7 +12,7 @@ from typing import Any
 
 from supervisor.api import litellm
 from supervisor.api.activity import RequestLog
-from supervisor.api.token import read_api_token
+from supervisor.api.keys import KeyRing
 from supervisor.config.schema import Target
 from supervisor.daemon.fleet import FleetSupervisors
 from supervisor.events import Event
@@ -25,6 +25,7 @@ class FleetApi:
     def __init__(self, targets: FleetSupervisors) -> None:
         self.targets = targets
         self.activity = RequestLog()
+        self._keys = KeyRing(lambda: self.targets.fleet)
 
     @property
     def fleet_file(self) -> str:
@@ -34,8 +35,8 @@ class FleetApi:
         info = self.targets.daemon_info()
         return {**info, "display": labels.daemon_display(info)}
 
-    async def reload(self) -> tuple[bool, list[str]]:
-        return await self.targets.reload()
+    async def reload(self, by: str | None = None) -> tuple[bool, list[str]]:
+        return await self.targets.reload(by)
 
     def target_statuses(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         now = time.time()
@@ -54,9 +55,9 @@ class FleetApi:
     def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
         return self.targets.events.subscribe(fn)
 
-    def api_token(self) -> str | None:
-        """The API token, read from its source each time (a rotated file takes effect)."""
-        return read_api_token(self.targets.fleet)
+    def keyring(self) -> KeyRing:
+        """The keys, each read from its source at every use (a rotated file takes effect)."""
+        return self._keys
 
     def _export_info(self, target: Target) -> dict[str, Any]:
         return self.targets.registry.launcher_class(target).export_info(target)
@@ -75,8 +76,8 @@ class FleetApi:
 
     def record_request(self, target: str, status: int, started: float, duration: float,
                        stream: bool, final: dict[str, Any] | None,
-                       error: str | None = None) -> None:
-        self.activity.record(target, status, started, duration, stream, final, error)
+                       error: str | None = None, key: str | None = None) -> None:
+        self.activity.record(target, status, started, duration, stream, final, error, key)
 
     def recent_requests(self, limit: int | None = None) -> list[dict[str, Any]]:
         return self.activity.recent(limit)

@@ -452,6 +452,8 @@ async function start() {
   S.csrf = body.csrf || "";
   S.header = body.csrf_header || S.header;
   document.getElementById("logout").hidden = !body.login;
+  // A read key's session: the page without its buttons (the API would refuse them anyway).
+  document.body.classList.toggle("readonly", body.admin === false);
   window.addEventListener("hashchange", render);
   listen();
   await render();
