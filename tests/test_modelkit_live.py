@@ -126,6 +126,7 @@ def test_a_registry_down_with_nothing_cached_is_retried_and_says_so(
     checked = check(fleet)
     assert checked.returncode == 2 and "never pulled here" in checked.stderr
     daemon = start_daemon(fleet)
-    backoff = daemon.wait_state("t", "backoff", timeout=60)
-    assert "cannot be reached" in backoff["last_event"]["reason"]
-    assert "never pulled here" in backoff["last_event"]["reason"]
+    waiting = daemon.wait_state("t", "waiting", timeout=60)  # what the host lacks (issue 48)
+    assert "cannot be reached" in waiting["last_event"]["reason"]
+    assert "never pulled here" in waiting["last_event"]["reason"]
+    assert "tries to start again" in waiting["last_event"]["reason"]
