@@ -166,6 +166,29 @@ async def test_a_missing_model_waits_for_its_file_and_a_stop_ends_the_wait(start
     assert run.world.starts == []
 
 
+async def test_a_restart_that_could_not_start_again_leaves_the_serving_server_alone(
+        start_target, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"weights")
+    run = start_target(model=str(model))
+    await run.reaches(S.READY)
+    serving = run.process
+    model.rename(tmp_path / "away.gguf")  # the NAS went away; the model is loaded already
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.until(lambda: any(e.kind == "restart" for e in run.events))
+    said = next(e for e in run.events if e.kind == "restart")
+    assert said.reason.startswith("restart requested through the API: not done, the running "
+                                  f"server (pid {serving.pid}) keeps serving: model file")
+    assert said.data == {"refused": True}
+    await asyncio.sleep(0.1)
+    assert run.sup.state is S.READY and run.process is serving and len(run.world.starts) == 1
+    assert run.sup.crashes.by_reason == {}  # not counted as a restart
+    (tmp_path / "away.gguf").rename(model)
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.until(lambda: len(run.world.starts) == 2 and run.sup.state is S.READY)
+    assert run.process is not serving
+
+
 async def test_an_error_while_looking_again_fails_the_target_with_its_text(
         start_target, tmp_path, monkeypatch):
     run = start_target(model=str(tmp_path / "m.gguf"))

@@ -381,6 +381,15 @@ class TargetSupervisor:
                 return request
 
     async def _command_while_running(self, proc: RunningProcess, request: Request) -> Next:
+        if request.command is Command.RESTART and \
+                (why := await asyncio.to_thread(lacking, self.backend)) is not None:
+            # A restart that could not start again must not end the server that serves: its
+            # model is loaded, whatever became of the file (a NAS gone, a copy under way).
+            # Not counted as a restart; a retune still goes ahead (the tuner decided it).
+            self._event("restart", f"{request.reason}: not done, the running server (pid "
+                        f"{proc.pid}) keeps serving: {why}; ask again once it is there",
+                        refused=True)
+            return Next.SERVE
         step = self._dispatch(request, Phase.RUNNING)
         if request.command is Command.DETACH:
             self._detached = True
