@@ -24,8 +24,10 @@ from supervisor.plugin import assemble_example_model, assemble_pair
 
 REPO = Path(__file__).resolve().parent.parent
 # The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests;
-# ray_cluster: a real local Ray cluster (head and two workers) for launcher: ray.
-pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster", "tests.oci_registry"]
+# ray_cluster: a real local Ray cluster (head and two workers) for launcher: ray; image: the
+# llama-server image of the container tests.
+pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster", "tests.oci_registry",
+                  "tests.container_image"]
 
 
 @pytest.fixture(scope="session")

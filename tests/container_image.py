@@ -97,3 +97,15 @@ def can_run_or_skip(tag: str) -> None:
                           capture_output=True, text=True, check=False, timeout=120)
     if proc.returncode != 0:
         pytest.skip(f"podman cannot run a container on this machine: {proc.stderr.strip()}")
+
+
+@pytest.fixture(scope="module")
+def image(llama_server_bin: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The llama-server image of a module's container tests (a pytest plugin of conftest.py:
+    the container launcher's tests and the SIGTERM test use it); skips without podman."""
+    podman_or_skip()
+    work = tmp_path_factory.mktemp("image")
+    use_sandbox_conf(work)
+    tag = build_image(llama_server_bin, work)
+    can_run_or_skip(tag)
+    return tag

@@ -29,25 +29,11 @@ from tests.conftest import (
 )
 from tests.container_image import (
     SANDBOX,
-    build_image,
-    can_run_or_skip,
     containers_of,
-    podman_or_skip,
     remove_containers_of,
-    use_sandbox_conf,
 )
 
 pytestmark = pytest.mark.live
-
-
-@pytest.fixture(scope="module")
-def image(llama_server_bin: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    podman_or_skip()
-    work = tmp_path_factory.mktemp("image")
-    use_sandbox_conf(work)
-    tag = build_image(llama_server_bin, work)
-    can_run_or_skip(tag)
-    return tag
 
 
 @pytest.fixture

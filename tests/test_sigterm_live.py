@@ -29,28 +29,14 @@ import yaml
 from tests.conftest import DaemonProcess, llama_target, runtime_pids, wait_for, write_fleet
 from tests.container_image import (
     SANDBOX,
-    build_image,
-    can_run_or_skip,
     containers_of,
-    podman_or_skip,
     remove_containers_of,
-    use_sandbox_conf,
 )
 from tests.ray_cluster import RayCluster
 
 pytestmark = [pytest.mark.live, pytest.mark.ray]
 
 ROUNDS = 5  # the last one stops the targets too: nothing may be left after it
-
-
-@pytest.fixture(scope="module")
-def image(llama_server_bin: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    podman_or_skip()
-    work = tmp_path_factory.mktemp("image")
-    use_sandbox_conf(work)
-    tag = build_image(llama_server_bin, work)
-    can_run_or_skip(tag)
-    return tag
 
 
 @pytest.fixture

@@ -57,8 +57,9 @@ def same_process(record: dict[str, Any]) -> bool:
     try:
         pid = int(record["pid"])
         if "start_ticks" in record and "boot_id" in record:
-            return (record["boot_id"] == boot_id() and psutil.pid_exists(pid)
-                    and start_ticks(pid) == int(record["start_ticks"]))
+            # A pid that is gone has no start tick (None): not the same process.
+            return record["boot_id"] == boot_id() and \
+                start_ticks(pid) == int(record["start_ticks"])
         return abs(psutil.Process(pid).create_time() - float(record["create_time"])) \
             < WALL_TOLERANCE
     except (psutil.Error, KeyError, ValueError, TypeError):

@@ -7,9 +7,9 @@ the model and draft layers are pulled where missing, and the owner runs the targ
 target stays `starting` meanwhile (no process runs yet), the pull's progress in its live
 status (the API's `modelkit.pull`; not in status.json, which would be rewritten at every
 chunk). Events of kind `modelkit` say what was resolved and pulled. A registry that cannot
-be reached with nothing cached is retried under the restart policy (`unreachable`, with
-backoff); a tampered layer or an artifact without the layers the target needs fails the
-start for good, saying why. A tag that moved is seen at the next daemon start or reload
+be reached with nothing cached is waited for (`waiting`, `unreachable`: the start is tried
+again with backoff, waiting.py); a tampered layer or an artifact without the layers the
+target needs fails the start for good, saying why. A tag that moved is seen at the next daemon start or reload
 (daemon/fleet.py): a new owner pulls the new digest.
 """
 
