@@ -24,10 +24,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http(url: str, body: dict[str, Any] | None = None, timeout: float = 900) -> tuple[int, bytes]:
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 900,
+         key: str | None = None) -> tuple[int, bytes]:
+    """GET (or POST `body` as JSON) with the bearer `key`: (status, body), errors included."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data,
-                                 headers={"Content-Type": "application/json"} if data else {})
+    headers = {"Content-Type": "application/json"} if data else {}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()

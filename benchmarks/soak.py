@@ -6,20 +6,24 @@ checked all along (docs/reliability.md, "The soak").
     [--each-first] [--result PATH]   (tests/test_soak.py: 10 minutes, every fault kind)
     [--without kill_daemon] [--no-faults] [--trace-memory DIR]   (what grows in the daemon)
 
-The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the model, which
-a fault makes unreadable) always run as child processes; `box` runs in a podman container
+The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the model, on a
+"NAS" folder that faults take away) always run as child processes; `box` runs in a podman container
 (where podman can run one here); `od-a`, `od-b`, `od-c` load on demand, and the declared
 GPU memory (`daemon.gpu.memory`) holds only two of them at once, so they swap. The
-status page's endpoints are polled as an open browser tab does. Faults every 20-60 s:
-kill -9 and SIGSTOP of runtimes, `podman kill`, kill -9 of the daemon and a new one,
-SIGHUP with a changed file and with a broken one, API restarts, a model file made
-unreadable and restored, the state dir full (a tmpfs, when run as root).
+status page's endpoints are polled as an open browser tab does, with a read key; the
+clients send an inference key, read from its file for each request (`daemon.keys`). Faults
+every 20-60 s: kill -9 and SIGSTOP of runtimes, `podman kill`, kill -9 of the daemon and a
+new one, SIGHUP with a changed file and with a broken one, API restarts, plain's NAS folder
+moved away and back and its model truncated then whole again (each around a crash: the
+target waits, then serves), the inference key rotated, the state dir full (a tmpfs, when
+run as root).
 
 Invariants, reported with counts: every request answered (200, or 502/503 with a reason;
 cut streams counted apart); no runtime left over after each daemon kill and at the end;
 the daemon's RSS, open files and threads flat (slope per hour); each target's state in
 status.json is its last state event; tuning.json and the run records readable; every
-fault recovered within its bound. The exit status is 0 when all held. With `--systemd`
+fault recovered within its bound, and a target that waited for its file serving within its
+bound of the file's return with no other target restarted. The exit status is 0 when all held. With `--systemd`
 (root) a target `unit` runs with launcher: systemd under a real systemd manager
 (tests/systemd_lab.py), and the daemon runs inside its namespaces.
 """
@@ -102,7 +106,8 @@ class Soak:
         self.fleet, self.args = fleet, args
         self.traffic = Traffic("127.0.0.1", fleet.proxy_port,
                                fleet.always + ([fleet.container] if fleet.container else [])
-                               + fleet.on_demand, args.clients, fleet.hold, args.seed, fleet.up)
+                               + fleet.on_demand, args.clients, fleet.hold, args.seed, fleet.up,
+                               key=lambda: fleet.key("inference"))
         self.faults = Faults(fleet, args.seed, each_first=args.each_first,
                              without=frozenset(args.without))
         self.records: list[dict[str, Any]] = []
@@ -135,7 +140,10 @@ class Soak:
                     print(f"soak: {record['fault']} {record['target']}: recovered in "
                           f"{record['recovered_s']} s ({record['detail']})", file=sys.stderr)
                     self._check_orphans(after=fault)
-                    next_fault = time.monotonic() + rand.uniform(20, 60)
+                    # Every kind once first goes at twice the pace, so that a short run
+                    # does them all (tests/test_soak.py: 10 minutes).
+                    low, high = (10, 30) if self.faults.first else (20, 60)
+                    next_fault = time.monotonic() + rand.uniform(low, high)
         except KeyboardInterrupt:
             # Ctrl-C: the daemon stops first (its runtimes and containers with it), before the
             # traffic's threads are waited for, which a second Ctrl-C would cut short.
@@ -182,6 +190,7 @@ class Soak:
         rss = slopes.get("rss_mb_per_hour")
         summary = {
             "requests": sum(counts.values()), "outcomes": counts,
+            "sent_again_with_a_rotated_key": self.traffic.rekeyed,
             "lost": counts.get("lost", 0), "orphans": len(self.orphans) + len(left),
             "faults": len(self.records), "not_recovered_in_bound": len(late),
             "status_event_mismatches": len(self.mismatches),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,9 @@ HEALTH = {"interval": "1s", "timeout": "1s", "failures": 3, "start_timeout": "90
 RESTART = {"backoff_initial": "0.5s", "backoff_max": "2s", "stop_grace": "5s",
            "max_crashes": 1000, "window": "10m"}  # faults are not a crash loop to give up on
 HOLD = 120.0  # daemon.proxy.hold
+# daemon.keys: a key per use, each in its own file, as a home lab gives Prometheus, a router
+# and its own scripts (docs/api.md, "Keys and scopes"); the key_rotated fault rewrites one.
+KEYS = {"read": "soak-read", "inference": "soak-router", "admin": "soak-admin"}
 
 
 class SoakFleet:
@@ -47,8 +51,16 @@ class SoakFleet:
         self.full_dir = full_dir
         self.hold = HOLD
         self.api_addr, self.proxy_port = f"127.0.0.1:{free_port()}", free_port()
-        own = work / "plain-model.gguf"
+        # plain's own copy lies on a "NAS": a folder that the model_gone fault moves away
+        # and back, as a mount that goes away; truncated_then_whole replaces the file.
+        self.nas = work / "nas"
+        self.nas.mkdir()
+        own = self.nas / "plain-model.gguf"
         shutil.copyfile(model, own)
+        self.keys_dir = work / "keys"
+        self.keys_dir.mkdir()
+        for scope in KEYS:
+            self.rotate_key(scope)
         # The runtimes' command lines name the soak's directory (how leftovers are found);
         # the container's mount takes the real file.
         linked = work / "model.gguf"
@@ -61,7 +73,7 @@ class SoakFleet:
             "tuned": {**common(), "model": model, "port": free_port(),
                       "speculation": {"method": "ngram", "variant": "mod"}},
             "plain": {**common(), "model": str(own), "port": free_port()}}
-        self.always, self.unreadable, self.container = ["tuned", "plain"], "plain", None
+        self.always, self.mounted, self.container = ["tuned", "plain"], "plain", None
         if image is not None:
             from tests.container_image import SANDBOX
             # gpus: none: the declared GPU memory would place it on "GPU 0", which podman
@@ -82,7 +94,9 @@ class SoakFleet:
         self.doc = {"version": 1, "daemon": {
             "state_dir": self.state_dir, "log_dir": str(work / "logs"), "api": self.api_addr,
             "proxy": {"listen": f"127.0.0.1:{self.proxy_port}", "hold": f"{HOLD:g}s"},
-            "stop_targets_on_exit": True}, "targets": targets}
+            "stop_targets_on_exit": True,
+            "keys": {name: {"file": str(self.keys_dir / scope), "scopes": [scope]}
+                     for scope, name in KEYS.items()}}, "targets": targets}
         self.write_raw_fleet(None)
         self.doc["daemon"]["gpu"] = {"memory": [self._two_of_three_fit()], "headroom": 0}
         self.write_raw_fleet(None)
@@ -179,8 +193,34 @@ class SoakFleet:
 
     # --- what faults and checks read and change ---
 
+    def key(self, scope: str) -> str:
+        """The key of `scope` as its file holds it now (read at each use, as the daemon does)."""
+        return (self.keys_dir / scope).read_text().strip()
+
+    def rotate_key(self, scope: str) -> tuple[str | None, str]:
+        """A new secret for the key of `scope`, written whole (a rename): (old, new)."""
+        path = self.keys_dir / scope
+        old = path.read_text().strip() if path.exists() else None
+        new = secrets.token_urlsafe(24)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(new + "\n")
+        tmp.chmod(0o600)
+        tmp.replace(path)
+        return old, new
+
+    def proxy_status(self, path: str, key: str | None) -> int:
+        """The status the proxy answers a GET of `path` with `key`."""
+        return http(f"http://127.0.0.1:{self.proxy_port}{path}", timeout=10, key=key)[0]
+
+    def complete(self, name: str) -> tuple[int, str]:
+        """One short completion from `name` through the proxy: (status, body)."""
+        code, body = http(f"http://127.0.0.1:{self.proxy_port}/v1/completions",
+                          {"model": name, "prompt": "Hello", "max_tokens": 4},
+                          timeout=HOLD + 30, key=self.key("inference"))
+        return code, body.decode(errors="replace")
+
     def status(self) -> dict[str, Any]:
-        code, body = http(f"http://{self.api_addr}/v1/targets", timeout=5)
+        code, body = http(f"http://{self.api_addr}/v1/targets", timeout=5, key=self.key("read"))
         status = json.loads(body) if code == 200 else {}
         for t in status.get("targets", []) if self.lab is not None else []:
             if t.get("pid"):  # the lab's pid: never to be signalled from here as it is
@@ -194,7 +234,7 @@ class SoakFleet:
         return self.status().get("daemon", {})
 
     def api_post(self, path: str) -> int:
-        return http(f"http://{self.api_addr}{path}", {}, timeout=30)[0]
+        return http(f"http://{self.api_addr}{path}", {}, timeout=30, key=self.key("admin"))[0]
 
     def edit_fleet(self, change: Any) -> None:
         change(self.doc)
@@ -225,7 +265,8 @@ def poll_like_a_browser(fleet: SoakFleet, stop: threading.Event, errors: list[st
             continue
         for path in ("/v1/targets", "/metrics", "/v1/targets/tuned", "/ui"):
             try:
-                code, _ = http(f"http://{fleet.api_addr}{path}", timeout=10)
+                code, _ = http(f"http://{fleet.api_addr}{path}", timeout=10,
+                               key=fleet.key("read"))
             except OSError as exc:
                 code = repr(exc)  # type: ignore[assignment]
             if code not in (200, 302, 303, 401) and fleet.up.is_set():

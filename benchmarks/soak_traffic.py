@@ -8,6 +8,9 @@ Outcomes:
   abandoned   a stream the client itself closed mid-way (on purpose: a client that leaves)
   cut_stream  a stream that had started and was cut (a runtime or the daemon died under it)
   daemon_down a connection refused while the fault schedule had the daemon down
+  rekeyed     (counted beside the outcome) a 401 for a key that was rotated between the
+              client's reading it and the daemon's check: the client reads the key again
+              and sends the request once more, as one with a credentials file does
   lost        a violation: no response at all (a reset, a refused connection while the
               daemon ran), a hang past proxy.hold plus a margin, or any other status
 """
@@ -20,6 +23,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 KINDS = ("completion", "chat", "stream_completion", "stream_chat", "leave_mid_stream")
@@ -29,11 +33,15 @@ PROMPTS = ("Write a short note about {n} lighthouses.", "def area_{n}(w, h):\n",
 
 class Traffic:
     """`clients` threads; the number of clients sending at once follows `active()` (1 to
-    `clients`), so the load moves between one and several clients."""
+    `clients`), so the load moves between one and several clients. `key` reads the
+    inference key (from its file) for each request; None: the proxy wants no key."""
 
     def __init__(self, host: str, port: int, targets: list[str], clients: int, hold: float,
-                 seed: int, daemon_up: threading.Event) -> None:
+                 seed: int, daemon_up: threading.Event,
+                 key: Callable[[], str] | None = None) -> None:
         self.host, self.port, self.targets = host, port, targets
+        self.key = key
+        self.rekeyed = 0  # requests sent again with a rotated key (not an outcome)
         self.hold = hold
         self.daemon_up = daemon_up
         self.counts: Counter[str] = Counter()
@@ -79,6 +87,17 @@ class Traffic:
                                  "detail": detail})
 
     def one(self, target: str, kind: str, prompt: str, max_tokens: int) -> tuple[str, str]:
+        key = self.key() if self.key else None
+        outcome, detail = self._send(target, kind, prompt, max_tokens, key)
+        if outcome == "lost" and detail.startswith("401 ") and self.key is not None \
+                and (fresh := self.key()) != key:
+            with self._lock:
+                self.rekeyed += 1
+            outcome, detail = self._send(target, kind, prompt, max_tokens, fresh)
+        return outcome, detail
+
+    def _send(self, target: str, kind: str, prompt: str, max_tokens: int,
+              key: str | None) -> tuple[str, str]:
         chat = "chat" in kind
         stream = kind.startswith("stream") or kind == "leave_mid_stream"
         body: dict[str, Any] = {"model": target, "max_tokens": max_tokens, "temperature": 0.7,
@@ -90,8 +109,11 @@ class Traffic:
         path = "/v1/chat/completions" if chat else "/v1/completions"
         was_up = self.daemon_up.is_set()
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.hold + 60)
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
         try:
-            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            conn.request("POST", path, json.dumps(body), headers)
             resp = conn.getresponse()
             if resp.status != 200:
                 text = resp.read().decode(errors="replace")
