@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.live, pytest.mark.soak]
 MINUTES = 10
 # Fault kinds every machine can do (a container needs podman, a full state dir root).
 EVERYWHERE = {"kill_runtime", "stop_runtime", "kill_daemon", "reload_changed", "reload_broken",
-              "api_restart", "model_unreadable"}
+              "api_restart", "model_gone", "truncated_then_whole", "key_rotated"}
 
 
 def test_ten_minutes_of_faults_lose_no_request_and_leave_nothing_behind(
