@@ -184,7 +184,7 @@ def test_a_decision_waits_for_an_idle_server_then_is_applied_and_persisted(tmp_p
 
 def test_a_decision_is_applied_on_a_busy_server_when_the_restart_costs_no_service(tmp_path):
     tuner, _ = make(tmp_path, max_wait=3600)
-    tuner.restart_is_free = lambda: True  # the new server starts beside the old one
+    tuner.restart_is_free = True  # the new server starts beside the old one
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
     calibrate(tuner, CHEAP)
     c = Counters(CHEAP)
@@ -278,7 +278,7 @@ def test_while_an_old_server_computes_on_the_same_cores_nothing_is_evidence(tmp_
     tuner, _ = make(tmp_path)
     tuner.runtime_started(RuntimeInfo("/bin/true", "v1"))
     calibrate(tuner, CHEAP)
-    tuner.sharing_cores = True
+    tuner.share_cores(True)
     c = Counters(CHEAP)
     assert tuner.observe(c.serve(4, 0.95, 200, busy=0)) is None
     assert not tuner.controller.classes and tuner.last is None

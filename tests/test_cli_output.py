@@ -283,3 +283,12 @@ def test_a_fleet_file_given_relative_is_shown_by_its_absolute_path(tmp_path):
         daemon.terminate()
         daemon.communicate(timeout=30)
     assert shown == str(fleet) and Path(shown).is_absolute()
+
+
+def test_the_restarts_column_counts_what_the_page_counts():
+    """The page says "0 after failures (2 retune)"; the table once said only "0"."""
+    row = table_of(rendered(None, target("gemma", "ready", 4242, restarts=0,
+                                         restarts_by_reason={"retune": 2})))[1]
+    assert " 0 (2 retune) " in row
+    plain = table_of(rendered(None, target("gemma", "ready", 4242)))[1]
+    assert " 2 " in plain and "(" not in plain.split("4242")[1].split("ngram")[0]

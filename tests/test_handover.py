@@ -15,10 +15,16 @@ from types import SimpleNamespace
 
 from supervisor.plugin import Readiness
 from supervisor.supervision.commands import Command
-from supervisor.supervision.handover import host_room, in_place_reason, next_port, on_gpu
+from supervisor.supervision.handover import (
+    host_room,
+    in_place_reason,
+    next_port,
+    on_gpu,
+    reload_in_place_reason,
+)
 from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.states import State
-from tests.test_target_lifecycle import START, Run, start_target  # noqa: F401
+from tests.test_target_lifecycle import RESTART_TO_READY, START, Run, start_target  # noqa: F401
 
 S = State
 
@@ -143,7 +149,7 @@ async def test_an_owner_that_ends_kills_the_old_server_still_draining(start_targ
         await run.until(lambda: "switched" in replace_events(run))
         await run.sup.shutdown("daemon stopping")
         assert old.returncode is not None and run.process.returncode is not None
-    assert not run.sup.retiring
+    assert not run.sup.handover.retiring
 
 
 def test_why_a_restart_happens_in_place():
@@ -171,7 +177,6 @@ def test_the_port_goes_home_when_it_is_free():
 
 def test_why_a_reload_restarts_a_changed_target_in_place():
     from supervisor.config.schema import Target
-    from supervisor.daemon.replacing import reload_in_place_reason
 
     old = Target(name="t", backend="fake", model="m", port=1)
     new = Target(name="t", backend="fake", model="m2", port=1)
@@ -186,32 +191,12 @@ def test_why_a_reload_restarts_a_changed_target_in_place():
     assert "'process' launcher" in reload_in_place_reason(old, S.READY, new, False, True)
 
 
-def test_a_new_supervisor_not_started_yet_is_not_taken_for_one_that_failed():
-    from supervisor.daemon.replacing import until_serving
-
-    class Sup:  # before its task first runs: stopped, then it starts and becomes ready
-        def __init__(self) -> None:
-            from supervisor.supervision.states import StateChanges
-            self.state, self.changes, self.last_event = S.STOPPED, StateChanges(), None
-
-    async def scenario() -> tuple[str | None, str | None]:
-        sup = Sup()
-        waiting = asyncio.create_task(until_serving(sup, 5.0))
-        await asyncio.sleep(0.01)
-        assert not waiting.done()
-        for state in (S.STARTING, S.LOADING, S.READY):
-            sup.state = state
-            sup.changes.wake()
-        ready = await waiting
-        failing = Sup()
-        waiting = asyncio.create_task(until_serving(failing, 5.0))
-        await asyncio.sleep(0.01)
-        failing.state = S.BACKOFF
-        failing.changes.wake()
-        return ready, await waiting
-
-    ready, failed = asyncio.run(scenario())
-    assert ready is None and failed == "went backoff"
+def reload(run: Run, unloaded: bool = False, **change: object) -> None:
+    """What the fleet does for a target a reload changed: the owner's new definition."""
+    sup = run.sup
+    target = sup.target.model_copy(update=change)
+    sup.redefine(sup.define(target, sup.home.with_target(target), sup.launcher),
+                 "changed in fleet.yaml (reload)", unloaded=unloaded)
 
 
 async def test_held_requests_go_once_the_old_route_drains_or_the_hold_ends():
@@ -231,53 +216,144 @@ async def test_held_requests_go_once_the_old_route_drains_or_the_hold_ends():
 
 
 def test_only_a_target_the_vram_plan_puts_on_a_gpu_counts_as_on_one():
-    def owner(placer):
-        return SimpleNamespace(name="t", placer=placer)
-
     def placer(on: dict[str, bool] | None):
         return SimpleNamespace(fleet_plan=None if on is None else SimpleNamespace(on_gpu=on))
 
-    assert not on_gpu(owner(None)) and not on_gpu(owner(placer(None)))
-    assert not on_gpu(owner(placer({"t": False}))) and not on_gpu(owner(placer({})))
-    assert on_gpu(owner(placer({"t": True})))
+    assert not on_gpu(None, "t") and not on_gpu(placer(None), "t")
+    assert not on_gpu(placer({"t": False}), "t") and not on_gpu(placer({}), "t")
+    assert on_gpu(placer({"t": True}), "t")
 
 
 async def test_a_reload_beside_on_the_cpu_holds_new_requests_and_the_tuner_until_the_old_is_done(
         start_target):
-    """daemon/replacing.py: the changed target's new supervisor serves beside the old one;
-    while the old server finishes its request on the same cores, the new one's requests wait
-    and its tuner takes nothing as evidence (as in a retune's handover)."""
-    from supervisor.daemon.replacing import replace_beside
-    from supervisor.events import EventBus
-
-    old, new = start_target(beside=True), start_target(beside=True)
-    await old.reaches(S.READY)
-    await new.reaches(S.READY)
-    bus, seen = EventBus(), []
-    bus.subscribe(lambda e: (seen.append(e), new.notify()))
-    steps = lambda: [e.data["replace"] for e in seen]  # noqa: E731
-    async with old.sup.served.relaying():  # a request on the old server
-        replacing = asyncio.create_task(replace_beside(
-            old.sup, new.sup, bus, start=lambda sup: None, switch=lambda sup: None))
-        await new.until(lambda: "switched" in steps())
-        assert new.sup.tuner.sharing_cores
-        later = asyncio.create_task(relay_once(new))
+    """A reload that changes a serving target goes the retune's way, in the same owner: its
+    new definition's server starts beside the old one; while the old server finishes its
+    request on the same cores, new requests wait and the new tuner takes nothing as
+    evidence."""
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    owner, old, old_tuner = run.sup, run.process, run.sup.tuner
+    async with run.sup.served.relaying():  # a request on the old server
+        reload(run, model="m2")
+        await run.until(lambda: "switched" in replace_events(run))
+        assert run.sup.tuner is not old_tuner and run.sup.tuner.sharing_cores
+        assert run.sup.target.model == "m2" and run.sup.tuner.target.model == "m2"
+        later = asyncio.create_task(relay_once(run))
         await asyncio.sleep(0.1)
         assert not later.done(), "a new request ran beside the old server's last one"
     await asyncio.wait_for(later, 5)
-    assert await asyncio.wait_for(replacing, 5)
-    assert steps() == ["beside", "switched", "retired"]
-    assert not new.sup.tuner.sharing_cores
-    switched = next(e for e in seen if e.data["replace"] == "switched")
+    await run.until(lambda: "retired" in replace_events(run))
+    assert replace_events(run) == ["beside", "switched", "retired"]
+    assert not run.sup.tuner.sharing_cores and old.returncode is not None
+    assert run.sup is owner and run.transitions == START  # one owner, never a gap
+    switched = next(e for e in run.events if e.data.get("replace") == "switched")
     assert switched.data["held"] and switched.data["in_flight"] == 1
     assert "new requests wait for them" in switched.reason
+    assert run.sup.status().restarts_by_reason == {}  # a new definition counts afresh
 
-    # Nothing in flight on the old server: nothing to wait for, the tuner's evidence counts.
-    again = start_target(beside=True)
-    await again.reaches(S.READY)
-    seen.clear()
-    assert await asyncio.wait_for(replace_beside(new.sup, again.sup, bus, start=lambda s: None,
-                                                 switch=lambda s: None), 5)
-    switched = next(e for e in seen if e.data["replace"] == "switched")
-    assert not switched.data["held"] and not again.sup.tuner.sharing_cores
-    await asyncio.wait_for(relay_once(again), 1)
+
+async def test_a_reload_with_nothing_in_flight_switches_at_once_and_counts_evidence(
+        start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    reload(run, model="m2")
+    await run.until(lambda: "retired" in replace_events(run))
+    switched = next(e for e in run.events if e.data.get("replace") == "switched")
+    assert not switched.data["held"] and not run.sup.tuner.sharing_cores
+    await asyncio.wait_for(relay_once(run), 1)
+
+
+async def test_a_reload_of_a_target_that_does_not_serve_starts_the_new_definition_in_place(
+        start_target):
+    run = start_target(restart={"max_crashes": 1})
+    await run.reaches(S.READY)
+    run.process.exit(1)
+    await run.reaches(S.FAILED)
+    reload(run, model="m2", port=7)
+    await run.reaches(S.READY, times=2)
+    assert run.transitions[-3:] == [(S.FAILED, S.STARTING), *RESTART_TO_READY]
+    assert port_of(run.world.starts[-1]) == 7 and run.sup.target.model == "m2"
+    assert run.sup.status().restarts == 0  # its restarts counted afresh
+
+    # One that loads on demand goes back to unloaded, and loads at the next request.
+    on_demand = start_target(restart={"max_crashes": 1})
+    await on_demand.reaches(S.READY)
+    on_demand.process.exit(1)
+    await on_demand.reaches(S.FAILED)
+    reload(on_demand, unloaded=True, model="m2", start="on_demand")
+    await on_demand.reaches(S.UNLOADED)
+    assert on_demand.transitions[-1] == (S.FAILED, S.UNLOADED)
+    assert on_demand.sup.served.unavailable_reason() is None  # a request loads it
+    assert await on_demand.sup.served.wait_serving(5)
+
+
+async def test_a_reload_that_cannot_go_beside_stops_the_old_server_first(start_target):
+    run = start_target(beside=True, proxied=False)
+    await run.reaches(S.READY)
+    old = run.process
+    async with run.sup.served.relaying():  # in flight: finished before the old one stops
+        reload(run, model="m2")
+        await run.reaches(S.STOPPING)
+        await asyncio.sleep(0.05)
+        assert old.returncode is None, "the old server stopped under its request"
+    await run.reaches(S.READY, times=2)
+    assert old.returncode is not None and run.sup.target.model == "m2"
+    assert replace_events(run) == ["in_place"]
+    said = next(e for e in run.events if e.kind == "replace")
+    assert said.reason.startswith("restarting in place after the reload: the proxy is off")
+    assert run.transitions == [*START, (S.READY, S.STOPPING), (S.STOPPING, S.STARTING),
+                               *RESTART_TO_READY]
+
+
+async def test_a_second_reload_while_the_first_ones_server_loads_wins(start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    old = run.process
+    run.world.start_readiness = Readiness.LOADING  # the first reload's server loads slowly
+    reload(run, model="m2")
+    await run.until(lambda: len(run.world.processes) == 2)
+    first_new = run.process
+    run.world.start_readiness = Readiness.READY
+    reload(run, model="m3")
+    await run.until(lambda: "retired" in replace_events(run))
+    assert first_new.returncode is not None and first_new.signals == ["SIGKILL"]
+    assert replace_events(run) == ["beside", "abandoned", "beside", "switched", "retired"]
+    assert run.sup.target.model == "m3" and old.returncode is not None
+    assert run.transitions == START
+
+
+async def test_after_a_restart_beside_status_shows_only_the_new_process_and_the_restart(
+        start_target):
+    """Seen in the page and the CLI: right after an API restart beside the old server, the
+    new process (up 0 s, no token yet) showed the old one's speed and memory, and the last
+    event was a health check from minutes before."""
+    import dataclasses
+    import time
+
+    from supervisor.plugin import MetricsSample
+    from supervisor.supervision import labels
+    from supervisor.tuning.window import Delta
+
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    old_pid = run.process.pid
+    # What the old process did: its speed in the window, its counters, its memory.
+    run.sup.tuner.window.add(Delta(time.time(), 10, 40, 30, (10, 8, 7, 5), 400, 10.0),
+                             time.time())
+    run.sup.metrics = MetricsSample(tokens_predicted=400, tokens_predicted_seconds=10.0)
+    run.sup.seen_using({"rss_bytes": 401 << 20})
+    before = run.sup.status()
+    assert before.shown["tokens_per_second"] and before.resources
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.until(lambda: "switched" in replace_events(run))
+    now = run.sup.status()
+    assert now.pid == run.process.pid != old_pid
+    assert now.shown["tokens_per_second"] is None and now.shown["acceptance_rate"] is None
+    assert now.resources == {} and run.sup.metrics is None
+    last = now.last_event  # the restart's: switched, or the old one retired already
+    assert last["kind"] == "replace" and last["data"]["replace"] in ("switched", "retired")
+    shown = labels.display(dataclasses.asdict(now))
+    assert shown["speed"] == labels.NONE and shown["memory"] == labels.NONE
+    assert last["reason"] in shown["last_event"]
+    # The tuner keeps what it learnt of the text: its evidence is not the status's speed.
+    assert run.sup.tuner.window.stats().tokens == 400

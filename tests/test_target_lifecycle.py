@@ -105,7 +105,7 @@ async def start_target() -> AsyncIterator[Callable[..., Run]]:
                                    http, clock=clock or FakeClock(), rand=lambda: 0.5,
                                    unloaded=unloaded, proxied=proxied, kits=kits)
             # The fleet's loader, as simple as it gets: every demand loads at once.
-            sup.loading.on_demand = lambda name, reason: sup.send(Command.START, reason)
+            sup.loading.load_with(lambda name, reason: sup.send(Command.START, reason))
             run = Run(sup, world, events)
             bus.subscribe(lambda e: (events.append(e), run.notify()))
             runs.append(run)
@@ -640,8 +640,8 @@ async def test_unloading_a_crashed_target_ends_its_backoff_and_a_failed_one_stay
 async def test_a_load_the_fleet_refuses_answers_waiting_requests_at_once(start_target):
     run = start_target(unloaded=True)
     await run.reaches(S.UNLOADED)
-    run.sup.loading.on_demand = lambda name, reason: run.sup.loading.refuse_load(
-        "cannot load: 1.00 GiB short on GPU 0 (held by pinned, not evictable)")
+    run.sup.loading.load_with(lambda name, reason: run.sup.loading.refuse_load(
+        "cannot load: 1.00 GiB short on GPU 0 (held by pinned, not evictable)"))
     assert not await run.sup.served.wait_serving(5)
     assert run.sup.served.unavailable_reason() == ("unloaded: cannot load: 1.00 GiB short on GPU 0 "
                                             "(held by pinned, not evictable)")
@@ -658,7 +658,9 @@ SCENARIOS = [START, CRASH_AND_RESTART, UNREACHABLE_THEN_UP, LOADING_CRASH_LOOP, 
              [(S.STARTING, S.STOPPED), (S.STARTING, S.UNLOADED)],
              # Waiting for what the host lacks (the tests above on files and ports).
              [(S.LOADING, S.WAITING), (S.WAITING, S.UNLOADED), (S.WAITING, S.STOPPED),
-              (S.WAITING, S.FAILED)]]
+              (S.WAITING, S.FAILED)],
+             # A reload that changed a failed target which loads on demand (test_handover.py).
+             [(S.FAILED, S.UNLOADED)]]
 
 
 def test_every_allowed_transition_is_exercised_by_a_scenario_above():

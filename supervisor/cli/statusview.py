@@ -117,7 +117,7 @@ def render(status: dict[str, Any], alive: bool, now: float | None = None,
         # as such (systemd units may still run; a process launcher's children are gone).
         state = t["state"] if alive else f"was {t['state']}"
         rows.append((t["name"], state, str(t.get("pid") or "-"), labels.uptime(t, now),
-                     str(t.get("restarts", 0)), labels.speculation(t), _acceptance(t),
+                     labels.restarts(t, short=True), labels.speculation(t), _acceptance(t),
                      labels.speed(t), labels.memory(t), labels.last_event(t, now)))
     lines = _wrap(_heading(daemon, alive, now), width)
     for gpu in _gpus(daemon) if alive else []:

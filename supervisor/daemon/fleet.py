@@ -2,9 +2,10 @@
 HTTP side gets (api/fleetview.py's FleetView).
 
 A reload applies a changed fleet file target by target: removed targets stop, changed
-ones restart with their new settings (a serving one beside its old server where it may:
-replacing.py), added ones start; a file with any problem is rejected whole and the
-running fleet is untouched.
+ones get their new definition from their owner (a serving one beside its old server where
+it may, as a retune: supervision/handover.py), added ones start; a file with any problem is
+rejected whole and the running fleet is untouched. Each target keeps one owner for as long
+as it is in the file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from supervisor.config.loader import load_fleet
 from supervisor.config.schema import Fleet, Target
 from supervisor.daemon.history import History
 from supervisor.daemon.ondemand import OnDemandLoader
-from supervisor.daemon.replacing import reload_in_place_reason, replace_beside
 from supervisor.errors import FleetFileError, SpecfleetError
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer, held_vram
@@ -33,7 +33,7 @@ from supervisor.registry.store import LayerStore
 from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.runrecord import RunRecorder
-from supervisor.supervision.states import SERVING, State
+from supervisor.supervision.states import State
 from supervisor.tuning.store import TuningStore
 
 Emit = Callable[..., None]  # (kind, reason, detail=None, data=None): a daemon event
@@ -44,7 +44,10 @@ class FleetSupervisors:
     def __init__(self, fleet_path: Path, fleet: Fleet, registry: Registry,
                  events: EventBus, launcher_for: Callable[[Target], Launcher], placer: Placer,
                  state_dir: Path, emit: Emit, daemon_info: Callable[[], dict[str, Any]],
-                 report: StateReport = LOG_ONLY) -> None:
+                 report: StateReport = LOG_ONLY, *,
+                 before_apply: Callable[[Fleet, Fleet], Any] | None = None,
+                 after_apply: Callable[[Fleet], Any] | None = None,
+                 on_owner_error: Callable[[asyncio.Task[None]], None] | None = None) -> None:
         self.fleet_path = fleet_path
         self.fleet = fleet
         self.registry = registry
@@ -68,10 +71,13 @@ class FleetSupervisors:
         self.rejected_reload: dict[str, Any] | None = None
         self.last_reload: dict[str, Any] | None = None  # the last one applied
         # Called with (old fleet, new fleet) during a reload, before targets change.
-        self.before_apply: Callable[[Fleet, Fleet], Any] | None = None
-        self.after_apply: Callable[[Fleet], Any] | None = None
-        self.on_owner_error: Callable[[asyncio.Task[None]], None] | None = None
-        self._replacing: set[asyncio.Task[None]] = set()  # reloads under way beside the old
+        self.before_apply = before_apply
+        self.after_apply = after_apply
+        self.on_owner_error = on_owner_error  # an owner task that ended with an exception
+
+    def connect(self, http: aiohttp.ClientSession) -> None:
+        """The HTTP session every target's probes and reads use (made on the daemon's loop)."""
+        self.http = http
 
     # --- targets ---
 
@@ -95,14 +101,16 @@ class FleetSupervisors:
         assert self.http is not None
         launcher = self.launcher_for(target)
         sup = TargetSupervisor(target, self.registry.backend_for(target), launcher,
-                               self.events, self.http,
-                               log_file=str(launcher.log_path(target.name)),
+                               self.events, self.http, log_file=self._log_file(target),
                                tuning_store=self.tuning_store, placer=self.placer,
                                records=self.records, start_reason=reason, unloaded=unloaded,
                                proxied=self.fleet.daemon.proxy.enabled, kits=self._kits(),
                                neighbours=lambda: self.supervisors.values())
         self.on_demand.attach(sup)
         return sup
+
+    def _log_file(self, target: Target) -> str:
+        return str(self.launcher_for(target).log_path(target.name))
 
     def _kits(self) -> ModelKits:
         """The way to registries and the layer cache, shared by every target."""
@@ -134,9 +142,6 @@ class FleetSupervisors:
 
     async def stop_all(self, reason: str) -> None:
         self.on_demand.close()
-        for task in list(self._replacing):  # a new server still loading beside an old one
-            task.cancel()
-        await asyncio.gather(*self._replacing, return_exceptions=True)
         # Reverse file order: what was listed first (often what others depend on) stops last.
         # Targets that swap are never left running: the next daemon starts them unloaded.
         for sup in reversed(list(self.supervisors.values())):
@@ -188,7 +193,6 @@ class FleetSupervisors:
 
     async def _apply(self, new: Fleet, waiting: dict[str, tuple[str, ...]] | None = None,
                      by: str | None = None) -> None:
-        await asyncio.gather(*self._replacing, return_exceptions=True)  # the last reload's
         old = self.fleet
         old_targets, new_targets = old.targets, new.targets
         removed = [n for n in old_targets if n not in new_targets]
@@ -218,7 +222,7 @@ class FleetSupervisors:
         for name in removed:
             await self.supervisors.pop(name).shutdown("removed from the fleet file")
         for name in changed:
-            await self._change(self.supervisors[name], new_targets[name])
+            self._change(self.supervisors[name], new_targets[name])
         for name in added:
             self.add(new_targets[name], f"added to {self.fleet_path} (reload)")
         for name in retried:
@@ -249,54 +253,21 @@ class FleetSupervisors:
                 moved.append(name)
         return moved
 
-    async def _change(self, old: TargetSupervisor, target: Target) -> None:
-        """A changed target: its new server beside the old one where it may, else in place."""
-        why = reload_in_place_reason(old.target, old.state, target,
-                                     self.launcher_for(target).traits.beside,
-                                     self.fleet.daemon.proxy.enabled)
-        if why is None:
-            new = self._create(target, f"changed in {self.fleet_path} (reload): starting "
-                               "beside the old server", unloaded=False)
-            task = asyncio.create_task(self._replace(old, new), name=f"replace:{old.name}")
-            self._replacing.add(task)
-            task.add_done_callback(self._replacing.discard)
-            return
-        if old.state in SERVING:
-            self.events.emit(Event(old.name, "replace", f"restarting in place after the "
-                                   f"reload: {why}", data={"replace": "in_place"}))
-        await self._in_place(old, target)
-
-    async def _in_place(self, old: TargetSupervisor, target: Target) -> None:
-        """The old server stops, then the changed one starts on the configured port. The
-        name stays listed throughout, under the new supervisor: the proxy's requests that
-        arrive meanwhile wait for it (within `proxy.hold`) instead of a 404, and those
-        waiting on the old one move to it; the old server first finishes the requests it
-        has (at most the new `health.start_timeout`)."""
-        new = self._create(target, f"changed in {self.fleet_path} (reload)",
-                           self._starts_unloaded(target))
-        if self.supervisors.get(old.name) is old:
-            self.supervisors[old.name] = new
-        await old.requests.drained(target.health.start_timeout)
-        await old.shutdown("changed in the fleet file")
-        self._start(new)
-        self._in_file_order()
+    def _change(self, sup: TargetSupervisor, target: Target) -> None:
+        """A changed target: its owner runs the new definition, beside the serving server
+        where it may, else in place (supervision/owner.py, `redefine`). Its name stays
+        listed under the same owner throughout: the proxy's requests that arrive meanwhile
+        wait for it (within `proxy.hold`), never a 404."""
+        launcher = self.launcher_for(target)
+        definition = sup.define(target, self.registry.backend_for(target), launcher,
+                                self._log_file(target))
+        sup.redefine(definition, f"changed in {self.fleet_path} (reload)",
+                     unloaded=self._starts_unloaded(target))
 
     def _in_file_order(self) -> None:
         """Keep file order for status and for the stop order."""
         self.supervisors = {n: self.supervisors[n] for n in self.fleet.targets
                             if n in self.supervisors}
-
-    async def _replace(self, old: TargetSupervisor, new: TargetSupervisor) -> None:
-        def switch(sup: TargetSupervisor) -> None:
-            self.supervisors[sup.name] = sup  # the key stays where it was: file order
-
-        try:
-            if not await replace_beside(old, new, self.events, self._start, switch):
-                await self._in_place(old, new.target)
-        finally:  # cancelled (the daemon stops): whichever is no longer listed stops here
-            for sup in (new, old):
-                if self.supervisors.get(sup.name) is not sup:
-                    await sup.shutdown("the daemon stops")
 
     # --- resources, for the monitor ---
 
@@ -307,12 +278,12 @@ class FleetSupervisors:
                     and local_pid(sup.process) > 0:
                 out[name] = sup.process.pid
             else:
-                sup.resources = {}
+                sup.seen_using({})
         return out
 
     def publish_usage(self, name: str, usage: dict[str, Any]) -> None:
         if (sup := self.supervisors.get(name)) is not None:
-            sup.resources = usage
+            sup.seen_using(usage)
 
     def daemon_info(self) -> dict[str, Any]:
         return {**self._daemon_info(), "last_reload": self.last_reload,

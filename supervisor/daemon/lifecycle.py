@@ -62,10 +62,9 @@ class Daemon:
         self.targets = FleetSupervisors(fleet_path, loaded.fleet, registry, self.events,
                                         self.launchers.for_target, Placer(settings.gpu),
                                         self.state_dir, self.emit, self.daemon_info,
-                                        self.state_health)
-        self.targets.before_apply = self._before_reload
-        self.targets.after_apply = self._after_reload
-        self.targets.on_owner_error = self._owner_ended
+                                        self.state_health, before_apply=self._before_reload,
+                                        after_apply=self._after_reload,
+                                        on_owner_error=self._owner_ended)
         view = FleetApi(self.targets)  # what the HTTP side reads
         self.api = ApiServer(view)
         self.proxy = Proxy(view, settings.proxy.hold)
@@ -86,7 +85,7 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        self.state_health.loop = loop
+        self.state_health.on_loop(loop)
         # First of all: a SIGTERM from here on is the daemon's to handle, whatever it is
         # doing (sweeping orphans, connecting to Ray, starting targets): a stop that came
         # before the targets start skips them (_serve), and the daemon exits 0.
@@ -121,8 +120,8 @@ class Daemon:
             await self._remove_leftovers(self.fleet)
             # Connection: close on every probe: an idle keep-alive connection would tie up
             # one of llama-server's few HTTP worker threads.
-            self.targets.http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(force_close=True))
+            self.targets.connect(aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True)))
             try:
                 await self._serve()
             finally:

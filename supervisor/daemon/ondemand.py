@@ -38,7 +38,7 @@ class OnDemandLoader:
         self._idle_unloads: set[asyncio.Task[None]] = set()
 
     def attach(self, sup: TargetSupervisor) -> None:
-        sup.loading.on_demand = self.demand
+        sup.loading.load_with(self.demand)
 
     def demand(self, name: str, reason: str) -> None:
         """Load `name` (called by the target when a request wants it while unloaded)."""

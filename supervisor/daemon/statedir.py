@@ -33,6 +33,10 @@ class StateDirHealth:
         self._corrupt_seen: set[Path] = set()
         self.loop: asyncio.AbstractEventLoop | None = None  # the daemon's, for threads
 
+    def on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The daemon's loop, where reports from worker threads are handed."""
+        self.loop = loop
+
     @property
     def problem(self) -> str | None:
         """"state dir not writable: <error> (…)" while a write is failing, else None."""

@@ -69,6 +69,14 @@ class Backend:
         # image) before preflight.
         self.executor: Executor = LOCAL
 
+    def runs_on(self, executor: Executor) -> None:
+        """Where the runtime's commands run from now on (the launcher's runtime host)."""
+        self.executor = executor
+
+    def at_node(self, address: str | None) -> None:
+        """The machine the runtime runs on, when the launcher placed it (a Ray node)."""
+        self.node_address = address
+
     @property
     def base_url(self) -> str:
         """Where the runtime answers: the target's address, or its node's."""

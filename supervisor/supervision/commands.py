@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class Command(enum.Enum):
@@ -18,12 +19,18 @@ class Command(enum.Enum):
     RETUNE = "retune"  # apply the tuner's pending decision to the next launch, then as RESTART
     SHUTDOWN = "shutdown"  # stop the process and end the owner task
     DETACH = "detach"  # end the owner task and leave the process running (systemd units)
+    # A reload changed the target: run the new definition, beside the serving server where
+    # it may (as a retune), else in place; or unloaded (`Request.unloaded`).
+    REDEFINE = "redefine"
 
 
 @dataclass(frozen=True)
 class Request:
     command: Command
     reason: str
+    # REDEFINE's server.Definition (not imported: what it holds imports this module).
+    definition: Any = None
+    unloaded: bool = False  # REDEFINE: the new definition waits for a request to load
 
 
 class Phase(enum.Enum):
@@ -51,13 +58,16 @@ class Next(enum.Enum):
 _TABLE: dict[Phase, dict[Command, Next]] = {
     Phase.IDLE: {Command.START: Next.RUN, Command.UNLOAD: Next.UNLOADED,
                  Command.RESTART: Next.RUN, Command.RETUNE: Next.IDLE,
-                 Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
+                 Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT,
+                 Command.REDEFINE: Next.RUN},
     Phase.BACKOFF: {Command.START: Next.RUN, Command.UNLOAD: Next.UNLOADED,
                     Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
-                    Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
+                    Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT,
+                    Command.REDEFINE: Next.RUN},
     Phase.RUNNING: {Command.START: Next.KEEP, Command.UNLOAD: Next.UNLOADED,
                     Command.RESTART: Next.RUN, Command.RETUNE: Next.RUN,
-                    Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT},
+                    Command.SHUTDOWN: Next.EXIT, Command.DETACH: Next.EXIT,
+                    Command.REDEFINE: Next.RUN},
 }
 
 
@@ -65,11 +75,20 @@ def next_step(phase: Phase, command: Command) -> Next:
     return _TABLE[phase][command]
 
 
+def step_for(phase: Phase, request: Request) -> Next:
+    """`next_step`, with a REDEFINE that asks to wait unloaded doing so."""
+    step = next_step(phase, request.command)
+    if request.command is Command.REDEFINE and request.unloaded and step is Next.RUN:
+        return Next.UNLOADED
+    return step
+
+
 def is_planned_restart(command: Command) -> bool:
     """Commands that stop a running process on purpose: in-flight requests are drained."""
-    return command in (Command.RESTART, Command.RETUNE, Command.UNLOAD)
+    return command in (Command.RESTART, Command.RETUNE, Command.UNLOAD, Command.REDEFINE)
 
 
 def counts_as_restart(command: Command) -> bool:
-    """Loads on demand are counted apart from restarts (they are not failures or changes)."""
-    return command is not Command.START
+    """Loads on demand are counted apart from restarts (they are not failures or changes);
+    a new definition starts its count afresh (owner._define)."""
+    return command not in (Command.START, Command.REDEFINE)

@@ -91,11 +91,13 @@ def memory(target: dict[str, Any]) -> str:
     return f"VRAM {size(r['vram_bytes'])}, {out}" if r.get("vram_bytes") is not None else out
 
 
-def restarts(target: dict[str, Any]) -> str:
-    """Every restart by its reason in words; the policy's count (after failures) first."""
+def restarts(target: dict[str, Any], short: bool = False) -> str:
+    """Every restart by its reason in words; the policy's count (after failures) first.
+    `short`: the count without its words, for a table column ("0 (2 retune)")."""
     by_reason = target.get("restarts_by_reason") or {}
     words = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in sorted(by_reason.items()))
-    return f"{target.get('restarts', 0)} after failures" + (f" ({words})" if words else "")
+    said = f"{target.get('restarts', 0)}" + ("" if short else " after failures")
+    return said + (f" ({words})" if words else "")
 
 
 def last_event(target: dict[str, Any], now: float) -> str:

@@ -20,22 +20,26 @@ Emit = Callable[..., None]  # (kind, reason, **data): an event of the target
 
 
 class OnDemandBook:
-    def __init__(self, target: Target, state: Callable[[], State], emit: Emit,
+    def __init__(self, target: Callable[[], Target], state: Callable[[], State], emit: Emit,
                  changes: StateChanges, requests: ProxyRequests,
                  started_at: Callable[[], float | None]) -> None:
-        self.target = target
+        self._target = target  # the owner's, as its definition is now
         self._state = state
         self._emit = emit
         self._changes = changes
         self._requests = requests
         self._started_at = started_at
-        # Set by the fleet: called with (target, reason) to load an unloaded target.
+        # The fleet's loader (load_with): called with (target, reason) to load it.
         self.on_demand: Callable[[str, str], None] | None = None
         self.loads = 0  # starts on demand, apart from restarts
         self.unloads: dict[str, int] = {}  # by reason: idle, evicted (for memory or a group)
         self.load_refused: str | None = None  # why no load can make room (the fleet says)
         self.cold_start: float | None = None  # seconds from the demand to ready, last load
         self._demanded_at: float | None = None
+
+    def load_with(self, loader: Callable[[str, str], None]) -> None:
+        """Who loads the target when a request wants it (the fleet's on-demand loader)."""
+        self.on_demand = loader
 
     def demand(self, reason: str) -> None:
         """A request wants this target: load it if it is unloaded (the fleet decides when)."""
@@ -44,7 +48,7 @@ class OnDemandBook:
         if self._demanded_at is None:
             self._demanded_at = time.monotonic()
         self.load_refused = None  # decided afresh: the memory may have been freed since
-        self.on_demand(self.target.name, reason)
+        self.on_demand(self._target().name, reason)
 
     @property
     def demanded(self) -> bool:
@@ -88,7 +92,7 @@ class OnDemandBook:
         return max(self._requests.last_used or 0.0, self._started_at() or 0.0)
 
     def view(self) -> dict[str, Any]:
-        t = self.target
+        t = self._target()
         return {"start": t.start, "idle_unload": t.idle_unload, "evictable": t.evictable,
                 "group": t.group, "loads": self.loads, "unloads": dict(self.unloads),
                 "last_used": self._requests.last_used,

@@ -3,6 +3,12 @@ commands (supervision/commands.py) through a queue; only the owner task changes 
 through `_set_state`, which checks the transition against ALLOWED (supervision/states.py),
 drops no-op transitions and emits an event. In each of its phases (idle or unloaded,
 backing off, running) it waits for a command and asks `commands.next_step` what it means.
+
+What it runs is two values it replaces whole (server.py): its `definition` (a reload's
+REDEFINE, or a ModelKit pulled to its files) and its `server` (each start, each server
+started beside the old one: `_serve`). Its parts (the handover, the ModelKit's pull, the
+on-demand book, the proxy's requests, the tuner) keep their own state and change nothing
+of the owner's.
 """
 
 from __future__ import annotations
@@ -33,37 +39,35 @@ from supervisor.supervision.commands import (
     counts_as_restart,
     is_planned_restart,
     next_step,
+    step_for,
 )
-from supervisor.supervision.crashes import CrashHistory
-from supervisor.supervision.explain import PairingWarnings, explain_exit, explain_hang
+from supervisor.supervision.explain import explain_exit, explain_hang
 from supervisor.supervision.handover import (
-    may_go_beside,
-    record_launch,
-    replace_beside,
+    Handover,
+    in_place_reason,
+    reload_in_place_reason,
     room_beside,
-    stop_retiring,
 )
 from supervisor.supervision.neighbours import Worker, work_beside
-from supervisor.supervision.ondemand import OnDemandBook
 from supervisor.supervision.probes import HealthWatch, QuietRuntime, poll_metrics, tree_cpu_seconds
-from supervisor.supervision.pulling import pull_kit, pull_or_command
-from supervisor.supervision.requests import ProxyRequests
 from supervisor.supervision.runrecord import RunRecorder
+from supervisor.supervision.runs import TargetRuns
 from supervisor.supervision.served import Served
+from supervisor.supervision.server import Definition
 from supervisor.supervision.snapshot import snapshot
-from supervisor.supervision.start import follow, plan_start, start_failure
-from supervisor.supervision.states import ALLOWED, State, StateChanges, is_live
+from supervisor.supervision.start import launch, start_failure
+from supervisor.supervision.states import ALLOWED, State, is_live
 from supervisor.supervision.status import TargetStatus
 from supervisor.supervision.waiting import Wait, lacking, port_taken
-from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.store import TuningStore
 
 
-class TargetSupervisor:
-    """The owner of one target, composed of collaborators with their own state: what the
-    proxy sees of it (`served`), its on-demand book (`loading`), the proxy's requests
-    (`requests`), the tuner (`tuner`); the health and metrics loops run per process
-    (probes.py)."""
+class TargetSupervisor(TargetRuns):
+    """The owner of one target: its loop, on what it runs (runs.TargetRuns), composed of
+    collaborators with their own state: what the proxy sees of it (`served`), its on-demand
+    book (`loading`), the proxy's requests (`requests`), the servers started beside
+    (`handover`), and its definition's tuner and ModelKit pull; the health and metrics
+    loops run per process (probes.py)."""
 
     def __init__(self, target: Target, backend: Backend, launcher: Launcher, events: EventBus,
                  http: aiohttp.ClientSession, *, clock: Callable[[], float] = time.monotonic,
@@ -73,56 +77,22 @@ class TargetSupervisor:
                  start_reason: str = "daemon started", unloaded: bool = False,
                  proxied: bool = False,
                  neighbours: Callable[[], Iterable[Worker]] = tuple) -> None:
-        self.target = target
+        super().__init__(target, backend, launcher, events, clock=clock, rand=rand,
+                         log_file=log_file, tuning_store=tuning_store, placer=placer,
+                         records=records, kits=kits, proxied=proxied,
+                         start_reason=start_reason)
         # The fleet's other owners: a calibration beside this target gives way to their
         # work on the same device too (neighbours.py).
         self.neighbours = neighbours
-        self.home = backend  # on the configured port
-        self.backend = backend  # the server that serves now (a handover moves it: handover.py)
-        self.proxied = proxied  # the daemon's proxy is on: clients reach the target through it
-        self.launcher = launcher
-        self.events = events
         self.http = http
-        self.clock = clock
-        self.state, self.since = State.STOPPED, time.time()
-        self.process: RunningProcess | None = None
-        self.started_at: float | None = None
-        self.crashes = CrashHistory(target, placer, clock, rand)
-        self.last_event: Event | None = None
-        self.failure_output: str | None = None
-        self.runtime: dict[str, str] = {}
-        self.metrics: MetricsSample | None = None
-        self.log_file = log_file
-        self.tuner = AutoTuner(target, backend, tuning_store, self._event, clock)
-        # The ModelKit cache (kits) and what was pulled from it (kit: pulling.py).
-        self.placer, self.records, self.kits, self.kit = placer, records, kits, None
-        self.placement: dict[str, Any] = {}
-        self.resources: dict[str, Any] = {}
-        self.pairing = PairingWarnings(self._event)  # the pairing guard's, said once each
-        self.requests = ProxyRequests()  # the proxy's requests to this target: it owns them
-        self.retiring: dict[RunningProcess, asyncio.Task[None]] = {}  # old servers draining
-        self.wanted = True  # the owner means to run it (served.py)
-        self.changes = StateChanges()  # the proxy's waiters, the on-demand loader's
-        self._may_adopt = launcher.traits.detaches  # only the first start may find a running unit
+        self.handover = Handover(target.name, http, self.requests, placer, self.pairing,
+                                 lambda reason, **data: self._event("replace", reason, **data))
         self._detached = False  # DETACH left the process running: the end must not kill it
-        self._commands: asyncio.Queue[Request] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self.pending_reason = start_reason  # the reason the next start will carry
         self._start_unloaded = unloaded  # on demand: wait for the first request
         self._looks = 0  # looks again while waiting (waiting.py), for its backoff
-        self.loading = OnDemandBook(target, lambda: self.state, self._event, self.changes,
-                                    self.requests, lambda: self.started_at)
         self.served = Served(self)
-        self.tuner.restart_is_free = lambda: may_go_beside(self)
         self.calibrating = Calibrating(self._event)  # the tuner's calibration beside
-
-    @property
-    def name(self) -> str:
-        return self.target.name
-
-    @property
-    def serving(self) -> bool:
-        return is_live(self.state)
 
     # --- the API other tasks use ---
 
@@ -131,8 +101,8 @@ class TargetSupervisor:
         self._task = asyncio.create_task(self.run(), name=f"target:{self.name}")
         return self._task
 
-    def send(self, command: Command, reason: str) -> None:
-        self._commands.put_nowait(Request(command, reason))
+    def status(self) -> TargetStatus:
+        return snapshot(self)
 
     async def shutdown(self, reason: str) -> None:
         """Stop the process and end the owner task."""
@@ -148,12 +118,6 @@ class TargetSupervisor:
             self.send(command, reason)
             await self._task
 
-    def status(self) -> TargetStatus:
-        return snapshot(self)
-
-    def _event(self, kind: str, reason: str, **data: Any) -> None:
-        self.events.emit(Event(self.name, kind, reason, data=data))
-
     def _set_state(self, new: State, reason: str, detail: str | None = None,
                    **data: Any) -> None:
         if new == self.state:
@@ -167,7 +131,8 @@ class TargetSupervisor:
         if not is_live(new):
             self.calibrating.cancel()  # nothing to calibrate beside while it does not serve
         event = Event(self.name, "state", reason, self.state.value, new.value, detail, data)
-        self.state, self.since, self.last_event = new, event.time, event
+        self.state, self.since = new, event.time
+        self.last_event = self.state_event = event
         self.loading.state_changed(new)
         self.changes.wake()
         self.events.emit(event)
@@ -192,7 +157,7 @@ class TargetSupervisor:
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
             await self.process.wait()
-        await stop_retiring(self)
+        await self.handover.stop_all()
 
     async def _step(self, step: Next) -> Next:
         if step in (Next.IDLE, Next.UNLOADED):
@@ -220,21 +185,28 @@ class TargetSupervisor:
         return Next.IDLE
 
     def _dispatch(self, request: Request, phase: Phase) -> Next:
-        """The one place a command takes effect on the owner's plans (commands.py's table)."""
-        step = next_step(phase, request.command)
-        # Unloaded comes back on demand; a failed target stays failed (and not wanted).
-        self.wanted = step is Next.RUN or (step is Next.UNLOADED and self.state != State.FAILED)
+        """The one place a command takes effect on the owner's plans (commands.py's table).
+        A REDEFINE while a process runs is `_redefine_running`'s, and adopted by it."""
+        step = step_for(phase, request)
+        redefined = request.command is Command.REDEFINE
+        if redefined and phase is not Phase.RUNNING:
+            assert request.definition is not None
+            self._redefine(request.definition)
+        # Unloaded comes back on demand; a failed target stays failed (and not wanted), but
+        # for a new definition.
+        self.wanted = step is Next.RUN or (step is Next.UNLOADED and (
+            self.state != State.FAILED or redefined))
         if request.command is Command.RETUNE:
             self.tuner.apply_pending()
         if step is Next.RUN:
             self.pending_reason = request.reason
-            restart = counts_as_restart(request.command)
-            self.loading.started(on_demand=not restart)
-            if restart:
+            self.loading.started(on_demand=request.command is Command.START)
+            if counts_as_restart(request.command):
                 self.crashes.count(request.command.value)
             if phase is Phase.IDLE:  # a manual start after giving up counts crashes anew
                 self.crashes.forget()
-        elif step is Next.UNLOADED and self.state is State.STOPPED:
+        elif step is Next.UNLOADED and (self.state is State.STOPPED or (
+                redefined and self.state is State.FAILED and phase is Phase.IDLE)):
             self._set_state(State.UNLOADED, request.reason)
         return step
 
@@ -302,8 +274,12 @@ class TargetSupervisor:
         self._set_state(State.STARTING, self.pending_reason)
         try:
             try:
-                if (request := await pull_or_command(self, self._commands.get)) is not None:
-                    return self._stopped_by(request, f"{request.reason} (while the ModelKit was pulled)")
+                pulled = await self.definition.puller.pull_or_command(self.target,
+                                                                      self._commands.get)
+                if isinstance(pulled, Request):
+                    return self._stopped_by(pulled, f"{pulled.reason} (while the ModelKit "
+                                            "was pulled)")
+                self._at_files(pulled)
                 started = await self._launch()
             except Lacking as exc:  # a file, a binary: looked at again without a start
                 backend = self.backend
@@ -319,28 +295,21 @@ class TargetSupervisor:
                 self.placer.released(self.name)
 
     async def _launch(self) -> RunningProcess:
-        """Preflight, pairing guard, placement; adopt a unit or start anew."""
-        await pull_kit(self)  # a no-op once pull_or_command has pulled
-        plan = await plan_start(self.name, self.backend, self.launcher, self.placer, self.tuner,
-                                self.pairing)
-        self.placement, self.runtime, spec = plan.placement, plan.runtime, plan.spec
-        grace = self.target.restart.stop_grace
-        adopted, why = (await self.launcher.adopt(self.name, spec, stop_grace=grace)
-                        if self._may_adopt else (None, ""))
+        """Preflight, pairing guard, placement; adopt a unit or start anew. On the port of
+        the latest server of this definition (moved by a handover), else the configured one."""
+        backend = self.server.backend if self.server is not None else self.home
+        server, why = await launch(self.name, backend, self.definition, self.placer,
+                                   self.pairing, may_adopt=self._may_adopt)
         self._may_adopt = False  # only the first start may find a running unit
-        if adopted is None and why:
+        if not server.adopted and why:
             self._event("adopt", why)
-        proc = adopted if adopted is not None else await self.launcher.start(
-            self.name, spec, stop_grace=grace, on_line=self.backend.on_output)
-        self.process, self.started_at, self.failure_output = proc, time.time(), None
+        self._serve(server, self.definition)
         self._looks = 0  # what it waited for is there: a later wait starts afresh
-        self.metrics = None  # the previous process's counters are not this one's
-        self.placement = follow(proc, self.backend, self.placement)
-        if adopted is not None:
+        proc = server.process
+        if server.adopted:
             self._set_state(State.LOADING, why, pid=proc.pid, adopted=True)
         else:
             self._set_state(State.LOADING, f"pid {proc.pid} started", pid=proc.pid)
-            record_launch(self, proc, spec)
         return proc
 
     async def _supervise(self, proc: RunningProcess) -> Next | Failure:
@@ -390,25 +359,83 @@ class TargetSupervisor:
                         f"{proc.pid}) keeps serving: {why}; ask again once it is there",
                         refused=True)
             return Next.SERVE
+        if request.command is Command.REDEFINE:
+            return await self._redefine_running(proc, request)
         step = self._dispatch(request, Phase.RUNNING)
         if request.command is Command.DETACH:
             self._detached = True
             self._set_state(State.DETACHED, f"{request.reason}; left running (pid {proc.pid})")
             return step
         if step is Next.RUN and request.command in (Command.RETUNE, Command.RESTART):
-            outcome = await replace_beside(self, proc, request, self._command_while_serving)
-            if isinstance(outcome, Request):  # a command came while the new server loaded
-                return await self._command_while_running(proc, outcome)
+            why = in_place_reason(self.target.restart.replace, self.launcher.traits.beside,
+                                  self.target.launcher, self.proxied)
+            outcome = await self._beside(proc, self.definition, request.reason, why)
             if outcome is not None:
-                return Next.SERVE
+                return outcome
+        return await self._stop(proc, request, step, self.target.restart.stop_grace)
+
+    async def _beside(self, proc: RunningProcess, definition: Definition, reason: str,
+                      why_in_place: str | None) -> Next | None:
+        """A server of `definition` started beside the serving one (handover.py): SERVE once
+        it took over, the step of a command that came while it loaded, or None: in place."""
+        assert self.server is not None
+        outcome = await self.handover.replace(self.server, definition, reason, why_in_place,
+                                              self._command_while_serving, self._serve)
+        if isinstance(outcome, Request):  # a command came while the new server loaded
+            return await self._command_while_running(proc, outcome)
+        return Next.SERVE if outcome else None
+
+    async def _redefine_running(self, proc: RunningProcess, request: Request) -> Next:
+        """A reload changed the target while a process runs: its new definition beside the
+        serving server where it may (a ModelKit pulled first, while the old one serves),
+        else the old server stops (its requests finished, at most the new
+        `health.start_timeout`) and the new definition starts in its place, or waits
+        unloaded (`request.unloaded`)."""
+        new = request.definition
+        assert new is not None
+        why = reload_in_place_reason(self.target, self.state, new.target,
+                                     new.launcher.traits.beside, self.proxied)
+        if why is None:
+            try:
+                pulled = await new.puller.pull_or_command(new.target,
+                                                          self._command_while_serving)
+            except SpecfleetError as exc:  # and NotReachableYet: the start in place says so
+                pulled, why = new.target, f"its ModelKit was not pulled beside: {exc}"
+            if isinstance(pulled, Request):  # a later command instead (a shutdown, a reload)
+                return await self._command_while_running(proc, pulled)
+            if why is None:
+                if pulled is not new.target:  # at its ModelKit's files
+                    new = self.define(pulled, new.home.with_target(pulled), new.launcher,
+                                      new.log_file, new.puller)
+                outcome = await self._beside(proc, new, request.reason, None)
+                if outcome is not None:
+                    return outcome
+        if why is not None and self.serving:
+            self._event("replace", f"restarting in place after the reload: {why}",
+                        replace="in_place")
+        step = step_for(Phase.RUNNING, request)
+        self.wanted = True  # unloaded too: it comes back on demand
+        self.pending_reason = request.reason
+        if step is Next.RUN:
+            self.loading.started(on_demand=False)
+        return await self._stop(proc, request, step, new.target.health.start_timeout)
+
+    async def _stop(self, proc: RunningProcess, request: Request, step: Next,
+                    drain: float) -> Next:
+        """The running process stops for `request`; a planned restart first lets the
+        requests in flight finish (at most `drain` seconds). A REDEFINE's definition is
+        the owner's once the old server is gone."""
         self._set_state(State.STOPPING, request.reason)
         if is_planned_restart(request.command):
             # New requests wait (the target is no longer serving); those in flight finish.
-            await self.requests.drained(self.target.restart.stop_grace)
+            await self.requests.drained(drain)
         await proc.stop(self.target.restart.stop_grace)
         # The calibration beside was cancelled at `stopping`; its server is gone too before
         # the state says no server of this target runs (unloaded, stopped).
         await self.calibrating.stop()
+        if request.command is Command.REDEFINE:
+            assert request.definition is not None
+            self._redefine(request.definition)
         if step is Next.UNLOADED:
             self._set_state(State.UNLOADED, request.reason)
         elif step is not Next.RUN:
@@ -427,7 +454,8 @@ class TargetSupervisor:
                 # two (the process launcher); nothing is routed to it, so the proxy and
                 # restart.replace do not matter.
                 self.calibrating.maybe_start(
-                    self.target, self.backend, self.tuner, work, lambda: room_beside(self),
+                    self.target, self.backend, self.tuner, work,
+                    lambda: room_beside(self.placer, self.backend),
                     None if self.launcher.traits.beside else
                     f"the {self.target.launcher} launcher runs one server of a target",
                     lambda: work_beside(self, self.neighbours))

@@ -87,13 +87,6 @@ class ProxyRequests:
             done = self._route_done.setdefault(route, asyncio.Event())
             self._hold = (done, time.monotonic() + timeout)
 
-    def hold_for(self, other: ProxyRequests, timeout: float) -> None:
-        """As `hold_new`, for the requests of another book: a reload's new supervisor holds
-        its first requests while the old supervisor's server finishes its last ones
-        (daemon/replacing.py). The old book takes no new request by then."""
-        if other.in_flight:
-            self._hold = (other._idle, time.monotonic() + timeout)
-
     async def admitted(self) -> None:
         """Return once a new request may go to the server (at once but during a hold)."""
         while (hold := self._hold) is not None:

@@ -10,39 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from supervisor.config.schema import Target
-from supervisor.events import Event
-from supervisor.plugin.backend import Backend
 from supervisor.supervision.commands import Command
-from supervisor.supervision.ondemand import OnDemandBook
-from supervisor.supervision.requests import ProxyRequests
-from supervisor.supervision.states import State, StateChanges, is_live
-from supervisor.tuning.autotuner import AutoTuner
+from supervisor.supervision.states import State, is_live
 
-
-class Owner(Protocol):
-    """What of the owner (owner.TargetSupervisor) serving reads."""
-
-    target: Target
-    backend: Backend
-    requests: ProxyRequests
-    state: State
-    since: float
-    last_event: Event | None
-    # Whether the owner means to run the target (False once it gave up, stopped or detached):
-    # a request for a target that will not come back by itself is refused at once.
-    wanted: bool
-    changes: StateChanges
-    loading: OnDemandBook
-    tuner: AutoTuner
-
-    def send(self, command: Command, reason: str) -> None: ...
+if TYPE_CHECKING:
+    from supervisor.supervision.runs import TargetRuns
 
 
 class Served:
-    def __init__(self, owner: Owner) -> None:
+    def __init__(self, owner: TargetRuns) -> None:
         self._owner = owner
 
     @property
@@ -121,7 +99,7 @@ class Served:
             return f"unloaded: {refused}" if refused else None
         if self.serving or (owner.wanted and owner.state is not State.WAITING):
             return None
-        why = owner.last_event.reason if owner.last_event else ""
+        why = owner.state_event.reason if owner.state_event else ""
         return f"{owner.state.value}" + (f": {why}" if why else "")
 
     async def wait_serving(self, timeout: float) -> bool:

@@ -3,49 +3,16 @@ and /metrics: what runs, how it speculates, what the views show (tuning/quantiti
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
-from supervisor.config.schema import Target
-from supervisor.events import Event
-from supervisor.plugin.backend import Backend, MetricsSample
-from supervisor.plugin.launching import RunningProcess
-from supervisor.supervision.crashes import CrashHistory
-from supervisor.supervision.explain import PairingWarnings
-from supervisor.supervision.ondemand import OnDemandBook
-from supervisor.supervision.requests import ProxyRequests
-from supervisor.supervision.states import State
 from supervisor.supervision.status import TargetStatus, counters_view
-from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.quantities import shown
 
-
-class Owner(Protocol):
-    """What of the owner (owner.TargetSupervisor) the snapshot reads."""
-
-    name: str
-    target: Target
-    backend: Backend
-    tuner: AutoTuner
-    process: RunningProcess | None
-    state: State
-    since: float
-    started_at: float | None
-    crashes: CrashHistory
-    last_event: Event | None
-    failure_output: str | None
-    runtime: dict[str, str]
-    metrics: MetricsSample | None
-    serving: bool
-    log_file: str | None
-    placement: dict[str, Any]
-    resources: dict[str, Any]
-    pairing: PairingWarnings
-    requests: ProxyRequests
-    loading: OnDemandBook
-    kit: dict[str, Any] | None
+if TYPE_CHECKING:
+    from supervisor.supervision.runs import TargetRuns
 
 
-def snapshot(owner: Owner) -> TargetStatus:
+def snapshot(owner: TargetRuns) -> TargetStatus:
     spec = owner.target.speculation
     speculating = owner.tuner.speculation_on if spec.method != "none" else False
     length = owner.tuner.draft_length if spec.method != "none" else None
@@ -55,7 +22,10 @@ def snapshot(owner: Owner) -> TargetStatus:
     tunable = owner.backend.tunable_length() or (
         "nothing to tune for this method" if spec.method != "none" else None)
     alive = owner.process is not None and owner.process.returncode is None
-    window = owner.tuner.window.stats()  # once: both views below read it
+    window = owner.tuner.window.stats()  # the tuner's evidence, across its servers
+    # What the current server did, never the previous process's (a restart beside it keeps
+    # the tuner's window: the text's acceptance is the same, its speed is not this one's).
+    current = owner.tuner.window.stats(since=owner.started_at) if owner.started_at else None
     return TargetStatus(
         name=owner.name, backend=owner.target.backend, endpoint=owner.backend.base_url,
         model=owner.target.model, state=owner.state.value, since=owner.since,
@@ -67,7 +37,7 @@ def snapshot(owner: Owner) -> TargetStatus:
         speculation={"method": spec.method, "variant": owner.tuner.variant,
                      "enabled": speculating,
                      "draft_length": length, "tunable": tunable},
-        shown=shown(window, owner.metrics, method=spec.method,
+        shown=shown(current, owner.metrics, method=spec.method,
                     speculating=speculating, draft_length=effective, serving=owner.serving),
         metrics=counters_view(owner.metrics), tuning=owner.tuner.view(window),
         retunes=owner.tuner.retunes, log_file=owner.log_file, placement=dict(owner.placement),

@@ -17,6 +17,7 @@ from supervisor.gpu.placement import Placer
 from supervisor.plugin.backend import Backend, Failure, FailureKind, LaunchSpec
 from supervisor.plugin.launching import Launcher, RunningProcess
 from supervisor.supervision.explain import pairing_warnings
+from supervisor.supervision.server import Definition, Server
 from supervisor.supervision.waiting import lacking
 from supervisor.tuning.autotuner import AutoTuner
 
@@ -31,7 +32,7 @@ class StartPlan:
 async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Placer | None,
                      tuner: AutoTuner, pairing: Callable[[list[str]], None]) -> StartPlan:
     """`pairing` gets the pairing guard's warnings (cached per file: cheap after the first)."""
-    backend.executor = await launcher.runtime_host(name)
+    backend.runs_on(await launcher.runtime_host(name))
     # Before the runtime loads half a model and crashes on it, or cannot be found at all.
     if (why := await asyncio.to_thread(lacking, backend)) is not None:
         raise Lacking(why)
@@ -45,6 +46,23 @@ async def plan_start(name: str, backend: Backend, launcher: Launcher, placer: Pl
                             **backend.executor.facts},
                      {"gpus": list(assignment.gpus), "per_gpu": assignment.per_gpu,
                       "memory_fraction": assignment.memory_fraction} if assignment else {})
+
+
+async def launch(name: str, backend: Backend, definition: Definition, placer: Placer | None,
+                 pairing: Callable[[list[str]], None],
+                 may_adopt: bool = False) -> tuple[Server, str]:
+    """A server of `definition` listening as `backend` says: the one the previous daemon
+    left running where `may_adopt` and the launcher finds it (a unit), else started; and
+    why none was adopted ("" when none was looked for)."""
+    plan = await plan_start(name, backend, definition.launcher, placer, definition.tuner,
+                            pairing)
+    launcher, grace = definition.launcher, definition.target.restart.stop_grace
+    adopted, why = (await launcher.adopt(name, plan.spec, stop_grace=grace)
+                    if may_adopt else (None, ""))
+    proc = adopted if adopted is not None else await launcher.start(
+        name, plan.spec, stop_grace=grace, on_line=backend.on_output)
+    return Server(proc, backend, plan.spec, plan.runtime, follow(proc, backend, plan.placement),
+                  adopted=adopted is not None), why
 
 
 def start_failure(name: str, exc: Exception) -> Failure:
@@ -63,6 +81,6 @@ def follow(proc: RunningProcess, backend: Backend, placement: dict[str, Any]) ->
     """Probes, counters, the proxy and the run record follow the process to its node: the
     backend's address, and the placement with the node in it."""
     where = dict(proc.location)
-    backend.node_address = where.get("address")
+    backend.at_node(where.get("address"))
     return {**{k: v for k, v in placement.items()
                if k not in ("node", "node_id", "address", "node_gpus")}, **where}

@@ -46,7 +46,8 @@ ALLOWED: dict[State, frozenset[State]] = {
                                State.DETACHED}),
     State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FAILED,  # internal error
                               State.UNLOADED}),
-    State.FAILED: frozenset({State.STARTING}),
+    # A restart; or a reload that changed a target which loads on demand: unloaded.
+    State.FAILED: frozenset({State.STARTING, State.UNLOADED}),
     # Looked again and found (starting), or a command: stop, unload; or an internal error.
     State.WAITING: frozenset({State.STARTING, State.STOPPED, State.UNLOADED, State.FAILED}),
     State.STOPPING: frozenset({State.STOPPED, State.STARTING, State.FAILED,  # internal error

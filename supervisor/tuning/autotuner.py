@@ -41,7 +41,8 @@ SAVE_EVERY = 20  # observations between two saves of what was learnt
 
 class AutoTuner:
     def __init__(self, target: Target, backend: Backend, store: TuningStore | None,
-                 emit: EventSink, clock: Callable[[], float] = time.monotonic) -> None:
+                 emit: EventSink, clock: Callable[[], float] = time.monotonic,
+                 restart_is_free: bool = False) -> None:
         self.target = target
         self.backend = backend
         self.store = store
@@ -62,9 +63,10 @@ class AutoTuner:
             self.controller.calibrated(_costs(self.memory.calibration),
                                        bool(self.memory.calibration.get("shaped", True)))
         self.retunes = 0
-        # Set by the owner: whether a restart now costs no service (a handover), and the
-        # seconds its last start took to become ready (what a restart in place costs).
-        self.restart_is_free: Callable[[], bool] = lambda: False
+        # Whether a restart costs no service (its owner starts the new server beside the
+        # old one: handover.may_go_beside), and the seconds its last start took to become
+        # ready (what a restart in place costs).
+        self.restart_is_free = restart_is_free
         self.restart_seconds: float | None = None
         # The old server of a handover still computes on these cores: no evidence meanwhile.
         self.sharing_cores = False
@@ -190,7 +192,7 @@ class AutoTuner:
 
     def runtime_started(self, info: RuntimeInfo) -> None:
         """A server (re)started: the files and build a step's cost belongs to."""
-        self.by_load.last_read = None  # the time it was down is no load
+        self.by_load.restarted()
         self._carry, self._carry_classes = None, {}  # the old server's counts
         self.features = info.features
         # A drafter that learns across requests starts empty: until it has served
@@ -202,7 +204,7 @@ class AutoTuner:
         if self.memory.runtime_key is not None:
             self.emit("tuning", "model file or runtime changed: the cost of a step will be "
                       "measured again", old_key=self.memory.runtime_key, new_key=key)
-        self.controller.costs = {}
+        self.controller.forget_costs()
         self._interim = False  # a plain step measured for the old files says nothing now
         self._remember(replace(self.memory, runtime_key=key, calibration=None,
                                learnt=self.controller.state()))
@@ -292,7 +294,7 @@ class AutoTuner:
         if self._pending is None or self._pending_sent:
             return None
         waited = self.clock() - self._pending_since
-        if sample.requests_processing == 0 or self.restart_is_free() or \
+        if sample.requests_processing == 0 or self.restart_is_free or \
                 waited >= self.target.tuning.max_wait:
             self._pending_sent = True
             return self._pending.reason
@@ -301,13 +303,18 @@ class AutoTuner:
     def switch_cost(self) -> float:
         """Busy seconds a restart costs: its time to ready in place, a share of it beside."""
         ready = self.restart_seconds if self.restart_seconds is not None else ASSUMED_RESTART_S
-        return ready * BESIDE_SHARE if self.restart_is_free() else ready
+        return ready * BESIDE_SHARE if self.restart_is_free else ready
 
     def waiting_for(self) -> str | None:
         if self._pending is None or self._pending_sent:
             return None
         return (f"an idle server (at most {self.target.tuning.max_wait:.0f} s): the restart "
                 "would interrupt the requests running")
+
+    def share_cores(self, sharing: bool) -> None:
+        """Whether the old server of a handover still computes on this one's cores: what is
+        measured meanwhile is no evidence (handover.py)."""
+        self.sharing_cores = sharing
 
     def restarted(self, seconds: float, beside: bool) -> None:
         """Ready `seconds` after its start (`beside` the old server): a switch's cost."""

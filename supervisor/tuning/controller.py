@@ -116,6 +116,10 @@ class TuningController:
             self.costs, self.classes, self.stretch, self.explored = {}, {}, {}, set()
             self.residuals = {}
 
+    def forget_costs(self) -> None:
+        """The model file or runtime changed: what a step cost is measured again."""
+        self.costs = {}
+
     def calibrated(self, costs: Mapping[str, StepCost], shaped: bool = True) -> None:
         """A calibration's costs by load bucket as the priors of the buckets; a bucket it
         did not measure takes the nearest one's. What each bucket served since is kept

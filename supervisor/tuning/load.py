@@ -64,6 +64,10 @@ class LoadWindows:
         self._unbooked: deque[tuple[float, str, float]] = deque()  # busy since the last tokens
         self.last_read: tuple[float, int] | None = None  # (time, requests running)
 
+    def restarted(self) -> None:
+        """A server (re)started: the time it was down is no load."""
+        self.last_read = None
+
     def clear(self) -> None:
         for window in self._windows.values():
             window.clear()

@@ -162,15 +162,17 @@ class AcceptanceWindow:
                 or sum(d.drafts for d in self._deltas) - self._deltas[0].drafts >= self.max_steps):
             self._deltas.popleft()
 
-    def stats(self) -> WindowStats:
-        drafts = sum(d.drafts for d in self._deltas)
+    def stats(self, since: float | None = None) -> WindowStats:
+        """Over the window, or over what was read from `since` (a time.time()) on."""
+        deltas = [d for d in self._deltas if since is None or d.time >= since]
+        drafts = sum(d.drafts for d in deltas)
         per_pos: tuple[int, ...] = ()
-        for d in self._deltas:
+        for d in deltas:
             per_pos = _plus(per_pos, d.per_position)
         return WindowStats(
-            drafts=drafts, draft_tokens=sum(d.draft_tokens for d in self._deltas),
-            accepted=sum(d.accepted for d in self._deltas),
-            tokens=sum(d.tokens for d in self._deltas),
-            seconds=sum(d.seconds for d in self._deltas),
+            drafts=drafts, draft_tokens=sum(d.draft_tokens for d in deltas),
+            accepted=sum(d.accepted for d in deltas),
+            tokens=sum(d.tokens for d in deltas),
+            seconds=sum(d.seconds for d in deltas),
             per_position_rate=tuple(x / drafts for x in per_pos) if drafts else (),
-            deltas=len(self._deltas))
+            deltas=len(deltas))
