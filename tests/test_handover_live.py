@@ -175,6 +175,10 @@ def test_a_reload_that_changes_a_serving_target_fails_no_request(
         wait_for(lambda: traffic.count() >= done + 4, 60, "requests on the new server")
     assert traffic.failed() == [], traffic.failed()[:3]
     assert replace_steps(daemon) == ["beside", "switched", "retired"]
+    # One owner throughout: a new owner would start at `stopped`; the target's
+    # one owner never left `ready`, and it reports the reload's new definition.
+    assert daemon.transitions("t") == [("stopped", "starting"), ("starting", "loading"),
+                                       ("loading", "ready")]
     # On the CPU the new server's requests wait for the old one's last (if it had any).
     switched = next(e["data"] for e in daemon.events("t") if e["kind"] == "replace"
                     and e["data"]["replace"] == "switched")

@@ -236,7 +236,7 @@ def foreign_assignments(path: Path) -> list[str]:
 
 
 def test_no_module_assigns_another_objects_fields():
-    """Issue 49: handover, pulling and the daemon wrote the owner's fields (`_take_over` set
+    """Handover, pulling and the daemon once wrote the owner's fields (`_take_over` set
     seven of them); now an owner's state changes only through its own methods."""
     found = [f for p in modules().values() for f in foreign_assignments(p)]
     assert found == []

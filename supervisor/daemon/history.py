@@ -4,8 +4,9 @@ and marks for what happened (starts, crashes, loads and unloads, tuning decision
 
 Bounded twice: `keep` seconds (24 h) and `max_points` samples and `max_marks` marks per target
 (a mark is a dict of ~440 bytes, and a target that swaps on demand every few seconds makes
-a thousand an hour: the soak's daemon grew by them for hours under a bound of 2,000; a
-day's chart cannot show more than a few hundred apart anyway; events.jsonl has them, up to its rotation),
+a thousand an hour: a daemon grows by them for hours under a bound of thousands; a day's
+chart cannot show more than a few hundred apart anyway; events.jsonl has them, up to its
+rotation),
 in memory (samples in compact columns: samples.py) and in <state_dir>/history/<target>.jsonl,
 which is appended to and rewritten from memory when its samples or its marks have grown to
 twice what is kept of them (counted apart: a swapping target's marks would otherwise fill

@@ -111,7 +111,7 @@ class Daemon:
               EventLog(self.state_dir / "events.jsonl", self.state_health) as event_log):
             self.events.subscribe(event_log.append)
             # After the journal: whoever reads a state in status.json finds the event that
-            # led to it already in events.jsonl (CI once saw `failed` without its event).
+            # led to it already in events.jsonl (never `failed` without its event).
             self.events.subscribe(lambda _: self.write_status())
             if killed := self.launchers.sweep_orphans():
                 self.log.warning("killed processes left by a daemon that died uncleanly",

@@ -5,13 +5,13 @@ megabytes an hour. Part of it is below Python: buffers over pymalloc's 512 bytes
 bodies, the status endpoints' JSON, the proxy's relayed chunks) come and go in several glibc
 arenas (each thread that allocates gets one: asyncio.to_thread's workers), and a heap whose
 top is in use cannot shrink, so freed pages stay resident. malloc_trim(0) returns every whole
-free page of every arena (madvise). Measured, it is a small part of the cure (0.86x the
-growth over 16 minutes) and gives back transient peaks; pymalloc's arenas are out of its
+free page of every arena (madvise). Measured, it is a small part of the cure and gives back
+transient peaks; pymalloc's arenas are out of its
 reach. It takes a few milliseconds; elsewhere than glibc (musl, macOS) there is nothing to
 call and nothing is done.
 
-`tune_allocator`, called once as the daemon starts, goes at the cause (soak run 4: glibc's
-heaps grew by 3 MB an hour, nearly all of it free space inside them): glibc raises its mmap
+`tune_allocator`, called once as the daemon starts, goes at the cause (glibc's heaps grew,
+nearly all of it free space inside them: docs/reliability.md has the runs): glibc raises its mmap
 threshold each time a large block it had mmapped is freed (up to 32 MB), after which such
 blocks come from the heap and pin it; a fixed threshold keeps them mmapped and given back at
 free. And at most two arenas: each thread that allocates (asyncio.to_thread's workers)

@@ -56,8 +56,9 @@ class Backend:
     takes_modelkits: ClassVar[bool] = False
     # Arguments added last for a server that shares the cores with a serving one and must
     # give way to it (the tuner's calibration): whatever makes the runtime's threads sleep
-    # while they wait for work instead of spinning (beside a spinning one on 2 cores the
-    # serving server served a twentieth of its tokens: benchmarks/calibration_beside.py).
+    # while they wait for work instead of spinning (beside a spinning one on a few cores the
+    # serving server serves a small fraction of its tokens: benchmarks/README.md,
+    # calibration_beside).
     background_args: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, target: Target) -> None:

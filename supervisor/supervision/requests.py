@@ -81,8 +81,8 @@ class ProxyRequests:
     def hold_new(self, route: int, timeout: float) -> None:
         """New requests wait in `admitted` until `route` has drained, at most `timeout`
         seconds: where the old and the new server share the same cores, both computing at
-        once crawl (steady_load run 4: 8 requests of 96 tokens took 124 s on the old
-        server while the new one served their clients' next requests)."""
+        once crawl (the old server's last requests take many times longer while the new one
+        serves their clients' next ones)."""
         if route in self._on_route:
             done = self._route_done.setdefault(route, asyncio.Event())
             self._hold = (done, time.monotonic() + timeout)
@@ -143,8 +143,8 @@ class ProxyRequests:
     def _accrue(self) -> None:
         """Book the time since the last change to the number in flight on the current route
         (after a restart beside, the old server's draining requests ran on other counters:
-        booked here, they made the new server's first window look idle-heavy, as a baseline
-        of 45 tokens/s at 8+ for a server doing 120: steady_load run 3)."""
+        booked here, they would make the new server's first window look idle-heavy, its
+        throughput a fraction of what it serves)."""
         now = time.monotonic()
         if (current := self._current()) > 0:
             self._busy[current] = self._busy.get(current, 0.0) + (now - self._level_since)

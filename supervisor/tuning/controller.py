@@ -322,9 +322,9 @@ class TuningController:
         # Before the lengths are calibrated, off only where the running setting loses by
         # more than min_gain even at its best: off is sticky (from off, a length must gain
         # min_gain at its lower bound to pay its restart), and a setting that loses a
-        # little may sit beside a length that wins (on the pair, n=4 at 0.98x off and n=16
-        # at 1.17x on code: turned off before the lengths were in, one seed of the
-        # simulated day served every code segment off).
+        # little may sit beside a length that wins by much (a short length just below off,
+        # a long one well above it on code): turned off before the lengths are in, a day
+        # of code would be served off.
         if only_off and "measuring" not in d.data and (
                 d.setting != OFF or preds[self.current].high > 1 - self.min_gain):
             return Decision(KEEP, self.current, "waiting for the calibration's drafted steps",

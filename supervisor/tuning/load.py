@@ -15,9 +15,9 @@ of the server as a whole at that load (tokens per busy second, all requests toge
 which is what a shared server is judged by; the window's tokens/s is per request.
 Busy time is booked when tokens arrive: llama-server's counters move only when a request
 ends, so the seconds of a request still running belong to tokens not yet counted. Booked
-at once, a window of one or two requests (a quick judgement after a restart) counted the
-next request's time against the last one's tokens: run 14 of tuner_phases measured n-max 2
-on code at 0.48x the baseline by throughput while its tokens/s said 0.82x.
+at once, a window of one or two requests (a quick judgement after a restart) counts the
+next request's time against the last one's tokens: a length read as far slower by
+throughput than its tokens/s says.
 """
 
 from __future__ import annotations

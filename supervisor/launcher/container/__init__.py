@@ -1,1 +1,1 @@
-"""launcher: container (issue 18): runtimes that live in images; groundwork only."""
+"""launcher: container: runtimes that live in images (docs/containers.md)."""

@@ -210,7 +210,7 @@ class ContainerLauncher(Launcher):
         except EngineError as exc:
             log.close()
             # `run` may have created the container before it failed (a CDI device it could
-            # not resolve): left `Created`, it would outlive the daemon (soak run 0).
+            # not resolve): left `Created`, it would outlive the daemon.
             with contextlib.suppress(EngineError):
                 await engine.remove(container)
             raise SpecfleetError(f"{engine.name} could not start {container}: {exc}") from None
