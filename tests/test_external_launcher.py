@@ -29,16 +29,16 @@ def check(fleet):
 
 def test_a_third_party_launcher_runs_a_target_end_to_end(
         tmp_path, installed, model, llama_server_bin, start_daemon):
-    fleet = write_fleet(tmp_path, {"gemma": llama_target(model, llama_server_bin,
-                                                         launcher="nice")})
+    fleet = write_fleet(tmp_path, {"gemma": llama_target(
+        model, llama_server_bin, launcher="nice", launcher_settings={"niceness": 15})})
     checked = check(fleet)
     assert checked.returncode == 0, checked.stderr
     assert "launcher nice" in checked.stdout
 
     daemon = start_daemon(fleet)
     pid = daemon.wait_state("gemma", "ready")["pid"]
-    # The runtime is the launcher's: a child of the daemon at the niceness it sets.
-    assert psutil.Process(pid).nice() == 10
+    # The runtime is the launcher's: a child of the daemon at the niceness its settings say.
+    assert psutil.Process(pid).nice() == 15
     assert psutil.Process(pid).ppid() == daemon.proc.pid
     log = tmp_path / "state" / "logs" / "gemma.log"
     assert log.exists() and "llama" in log.read_text(errors="replace").lower()
@@ -46,7 +46,7 @@ def test_a_third_party_launcher_runs_a_target_end_to_end(
     os.kill(pid, signal.SIGKILL)  # a crash is restarted by the owner task, as for any launcher
     again = wait_for(lambda: (t := daemon.target("gemma")).get("state") == "ready"
                      and t["pid"] != pid and t, 90, "the target to be restarted")
-    assert again["restarts"] == 1 and psutil.Process(again["pid"]).nice() == 10
+    assert again["restarts"] == 1 and psutil.Process(again["pid"]).nice() == 15
 
     assert daemon.stop() == 0
     assert not psutil.pid_exists(again["pid"]) or \
@@ -60,3 +60,25 @@ def test_a_launcher_that_is_not_installed_is_a_fleet_file_error(tmp_path, instal
     assert "targets.gemma.launcher: launcher 'nicee' is not installed" in checked.stderr
     assert "did you mean 'nice'" in checked.stderr
     assert "Traceback" not in checked.stderr
+
+
+def test_a_launchers_declared_settings_are_checked_with_the_files_line(
+        tmp_path, installed, model):
+    """A third-party launcher's settings get what every key gets: the file, the line, the
+    dotted path, the bad value and what is valid; exit status 2."""
+    for settings, said in (
+            ({"niceness": 40}, "targets.gemma.launcher_settings.niceness: "),
+            ({"nicenes": 5}, "unknown key 'nicenes' (did you mean 'niceness'?); valid keys: "
+                             "niceness"),
+            ({"niceness": "low"}, "expected a whole number, got 'low'")):
+        fleet = write_fleet(tmp_path, {"gemma": llama_target(
+            model, "/bin/true", launcher="nice", launcher_settings=settings)})
+        checked = check(fleet)
+        assert checked.returncode == 2, checked.stdout
+        assert f"{fleet}:" in checked.stderr and said in checked.stderr, checked.stderr
+        assert "Traceback" not in checked.stderr
+    elsewhere = write_fleet(tmp_path, {"gemma": llama_target(
+        model, "/bin/true", launcher_settings={"niceness": 5})})
+    checked = check(elsewhere)
+    assert checked.returncode == 2
+    assert "launcher 'process' takes no launcher_settings" in checked.stderr

@@ -1,5 +1,6 @@
-"""`launcher: nice`: the runtime as a child of the daemon at CPU priority nice 10, so that
-a model server on a shared home-lab machine yields the CPU to interactive work.
+"""`launcher: nice`: the runtime as a child of the daemon at a lower CPU priority (nice 10,
+or a target's `launcher_settings: {niceness: N}`), so that a model server on a shared
+home-lab machine yields the CPU to interactive work.
 
 A third-party launcher, written against the public plugin API only (`supervisor.plugin`):
 a child in its own process group that dies with the daemon (PR_SET_PDEATHSIG), recorded
@@ -17,6 +18,8 @@ import signal
 from collections import deque
 from collections.abc import Callable
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from supervisor.plugin import (
     Launcher,
     LauncherContext,
@@ -26,16 +29,23 @@ from supervisor.plugin import (
     hookimpl,
 )
 
-NICENESS = 10
 _PR_SET_PDEATHSIG = 1
 
 
-def _child_setup(parent: int) -> None:
+class NiceSettings(BaseModel):
+    """A target's `launcher_settings:` under `launcher: nice` (checked by `specfleet check`
+    with the file's line, as every key)."""
+
+    model_config = ConfigDict(extra="forbid")
+    niceness: int = Field(default=10, ge=0, le=19)
+
+
+def _child_setup(parent: int, niceness: int) -> None:
     """Between fork and exec: die with the daemon, at the lower priority."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
-    os.nice(NICENESS)
+    os.nice(niceness)
 
 
 class NicedProcess(RunningProcess):
@@ -99,6 +109,7 @@ class NicedProcess(RunningProcess):
 class NiceLauncher(Launcher):
     name = "nice"
     traits = LauncherTraits()  # a child of the daemon on this machine, like `process`
+    settings = NiceSettings
 
     async def start(self, name: str, spec: LaunchSpec, *, stop_grace: float = 15.0,
                     on_line: Callable[[str], None] | None = None) -> NicedProcess:
@@ -106,10 +117,12 @@ class NiceLauncher(Launcher):
         log_path = self.context.log_dir / f"{name}.log"  # where log_path() says
         log_path.parent.mkdir(parents=True, exist_ok=True)
         parent = os.getpid()
+        settings = self.settings_for(self.context.target_named(name))
+        niceness = settings.niceness if isinstance(settings, NiceSettings) else 10
         proc = await asyncio.create_subprocess_exec(
             *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, env={**os.environ, **spec.env}, cwd=spec.cwd,
-            start_new_session=True, preexec_fn=lambda: _child_setup(parent))
+            start_new_session=True, preexec_fn=lambda: _child_setup(parent, niceness))
         self.context.children.add(name, proc.pid)
         return NicedProcess(proc, str(log_path), name, self.context, on_line)
 

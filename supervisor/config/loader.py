@@ -58,9 +58,9 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model class that a location inside the fleet file is validated against."""
-    current: Any = Fleet
+def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = Fleet) -> type[BaseModel] | None:
+    """The pydantic model class that a location inside `root` is validated against."""
+    current: Any = root
     for step in loc:
         nxt = None
         for candidate in unwrap_annotation(current):
@@ -79,13 +79,20 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return models[0] if models else None
 
 
-def _message(err: dict[str, Any]) -> str:
+def validation_problems(exc: ValidationError, root: type[BaseModel],
+                        prefix: Path_ = ()) -> list[Problem]:
+    """A model's validation errors as the fleet file's problems, at `prefix` + their place
+    in `root` (a launcher's settings model under `launcher_settings`)."""
+    return [Problem((*prefix, *err["loc"]), _message(err, root)) for err in exc.errors()]
+
+
+def _message(err: Any, root: type[BaseModel] = Fleet) -> str:
     kind, value, loc = err["type"], err.get("input"), err["loc"]
     ctx = err.get("ctx") or {}
     if kind == "missing":
         return f"required key '{loc[-1]}' is missing"
     if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
+        model = _model_at(loc[:-1], root)
         valid = [k for k in (model.model_fields if model else {}) if k != "name"]
         hint = did_you_mean(str(loc[-1]), valid)
         return f"unknown key '{loc[-1]}'{hint}; valid keys: {', '.join(valid)}"

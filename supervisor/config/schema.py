@@ -217,6 +217,7 @@ class TargetDefaults(LoadingDefaults):
     health: Health | None = None
     tuning: Tuning | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    launcher_settings: dict[str, Any] = Field(default_factory=dict)
     ray: RayPlacement | None = None
     container: ContainerSettings | None = None
 
@@ -269,6 +270,10 @@ class Target(LoadingKeys):
     tuning: Tuning = Field(default=Tuning(), description="Draft-length autotuning.")
     options: dict[str, Any] = Field(default_factory=dict, description=(
         "Backend-specific settings, checked by the backend (README.md, backend options)."))
+    launcher_settings: dict[str, Any] = Field(default_factory=dict, description=(
+        "A third-party launcher's settings, checked against the model the launcher declares "
+        "(docs/plugins.md, `Launcher.settings`); the built-in launchers have their own "
+        "sections (`ray:`, `container:`)."))
     ray: RayPlacement = Field(default=RayPlacement(), description=(
         "`launcher: ray` only: the nodes and Ray resources the target may use."))
     container: ContainerSettings = Field(default=ContainerSettings(), description=(

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from pydantic import BaseModel
+
 from supervisor.atomicfile import LOG_ONLY, StateReport
 from supervisor.config.schema import Daemon, Fleet, Target
 from supervisor.config.yamlsource import Problem
@@ -122,6 +124,10 @@ class Launcher(abc.ABC):
 
     name: ClassVar[str] = ""
     traits: ClassVar[LauncherTraits] = LauncherTraits()
+    # A third-party launcher's settings (a target's `launcher_settings:`), as a pydantic
+    # model: the fleet file is checked against it (file:line errors, as for every key), and
+    # `settings_for` hands the launcher its typed value. None: it takes none.
+    settings: ClassVar[type[BaseModel] | None] = None
 
     def __init__(self, context: LauncherContext) -> None:
         self.context = context
@@ -138,6 +144,12 @@ class Launcher(abc.ABC):
     def check(cls, target: Target) -> list[Problem]:
         """This launcher's own checks of a target on it; paths are relative to the target."""
         return []
+
+    @classmethod
+    def settings_for(cls, target: Target) -> BaseModel | None:
+        """The target's `launcher_settings` as this launcher's settings model (checked at
+        load: `check` and `run` refuse a file where they do not validate)."""
+        return cls.settings.model_validate(target.launcher_settings) if cls.settings else None
 
     @classmethod
     def export_info(cls, target: Target) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from types import ModuleType
 from typing import Any
 
 import pluggy
+from pydantic import ValidationError
 
-from supervisor.config.loader import did_you_mean
+from supervisor.config.loader import did_you_mean, validation_problems
 from supervisor.config.schema import Target
 from supervisor.config.yamlsource import Problem
 from supervisor.errors import SpecfleetError
@@ -57,7 +58,8 @@ class Registry:
             hint = did_you_mean(target.launcher, self.launchers)
             return [Problem(("launcher",), f"launcher {target.launcher!r} is not installed"
                             f"{hint}; installed: {', '.join(sorted(self.launchers))}")]
-        problems = [*_check_sections(target, self.launchers), *launcher.check(target),
+        problems = [*_check_sections(target, self.launchers),
+                    *_check_launcher_settings(launcher, target), *launcher.check(target),
                     *cls.check(target), *_check_variants(cls, target)]
         if not launcher.traits.starts_server and not cls.supports_external:
             problems.append(Problem(("launcher",), f"the {target.backend} backend cannot use a "
@@ -102,6 +104,18 @@ def _check_sections(target: Target, launchers: dict[str, type[Launcher]]) -> lis
                                     f"(launcher is {target.launcher}); remove it or set "
                                     f"launcher: {name}", "warning"))
     return problems
+
+
+def _check_launcher_settings(launcher: type[Launcher], target: Target) -> list[Problem]:
+    """`launcher_settings` against the model the target's launcher declares."""
+    if launcher.settings is None:
+        return [Problem(("launcher_settings",), f"launcher {target.launcher!r} takes no "
+                        "launcher_settings; remove them")] if target.launcher_settings else []
+    try:
+        launcher.settings.model_validate(target.launcher_settings)
+    except ValidationError as exc:
+        return validation_problems(exc, launcher.settings, ("launcher_settings",))
+    return []
 
 
 def _check_variants(cls: type[Backend], target: Target) -> list[Problem]:
