@@ -3,7 +3,7 @@ once, steady mixed traffic through the proxy, faults drawn from a seed, and the 
 checked all along (docs/reliability.md, "The soak").
 
     .venv/bin/python benchmarks/soak.py --minutes 120 --seed 1 [--out soak-run1.json]
-    [--each-first] [--result PATH]   (tests/test_soak.py: 10 minutes, every fault kind)
+    [--each-first] [--result PATH]   (tests/benchmarks/test_soak.py: 10 minutes, every fault kind)
     [--without kill_daemon] [--no-faults] [--trace-memory DIR]   (what grows in the daemon)
 
 The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the model, on a
@@ -141,7 +141,7 @@ class Soak:
                           f"{record['recovered_s']} s ({record['detail']})", file=sys.stderr)
                     self._check_orphans(after=fault)
                     # Every kind once first goes at twice the pace, so that a short run
-                    # does them all (tests/test_soak.py: 10 minutes).
+                    # does them all (tests/benchmarks/test_soak.py: 10 minutes).
                     low, high = (10, 30) if self.faults.first else (20, 60)
                     next_fault = time.monotonic() + rand.uniform(low, high)
         except KeyboardInterrupt:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Debian packages some tests need, beyond Python's:
-#   chromium        tests/test_ui_browser.py (the status page in a real browser)
-#   podman, runc    tests/test_container_live.py (the container launcher, live; runc
+#   chromium        tests/api/test_ui_browser.py (the status page in a real browser)
+#   podman, runc    tests/launcher/test_container_live.py (the container launcher, live; runc
 #                   because crun cannot run on these machines' cgroup layout)
-#   docker-registry tests/test_registry_live.py (a real OCI registry on loopback)
-#   prometheus      tests/test_keys_live.py (Debian's Prometheus scrapes /metrics with a read key)
+#   docker-registry tests/registry/test_registry_live.py (a real OCI registry on loopback)
+#   prometheus      tests/api/test_keys_live.py (Debian's Prometheus scrapes /metrics with a read key)
 # `install`: apt-get installs the missing ones, as root or with passwordless sudo.
 # `report`: says which are missing, which tests skip without them and the one command
 # that installs them; says nothing when none is missing.
@@ -31,13 +31,13 @@ report() {
     echo "Not installed: ${*} (installing needs apt-get and root or passwordless sudo)."
     echo "Without them these tests skip, each saying why:"
     [[ " $* " != *" chromium "* ]] \
-        || echo "  tests/test_ui_browser.py (the status page in a real browser)"
+        || echo "  tests/api/test_ui_browser.py (the status page in a real browser)"
     [[ " $* " != *" podman "* && " $* " != *" runc "* ]] \
-        || echo "  tests/test_container_live.py (the container launcher with podman and runc, live)"
+        || echo "  tests/launcher/test_container_live.py (the container launcher with podman and runc, live)"
     [[ " $* " != *" docker-registry "* ]] \
-        || echo "  tests/test_registry_live.py (models from a real OCI registry on loopback)"
+        || echo "  tests/registry/test_registry_live.py (models from a real OCI registry on loopback)"
     [[ " $* " != *" prometheus "* ]] \
-        || echo "  tests/test_keys_live.py's Prometheus scrape (/metrics with a read key)"
+        || echo "  tests/api/test_keys_live.py's Prometheus scrape (/metrics with a read key)"
     echo "To run them: sudo apt-get install ${*}"
 }
 

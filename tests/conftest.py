@@ -30,6 +30,18 @@ pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster", "tests.oci_registry"
                   "tests.container_image"]
 
 
+# A test is `live` (README, "Tests") when it uses a real part that these fixtures provision:
+# the marker is set here, from the fixtures a test asks for, and nowhere else.
+LIVE_FIXTURES = frozenset({"llama_server_bin", "gemma_model", "model", "model_pair",
+                           "vllm_python", "vllm_model"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if LIVE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.live)
+
+
 @pytest.fixture(scope="session")
 def llama_server_bin() -> str:
     """The real llama-server: the provisioned cache (built on first use), else PATH."""

@@ -4,7 +4,7 @@ Neither runtime can run on these machines (no CUDA; no Ollama binary in the regi
 These serve the endpoints and print the output lines that tests/fixtures/README.md describes
 for them, over real HTTP, from a real process that specfleet's process launcher starts;
 everything on specfleet's side is the real plugin code. Invoked through small wrapper
-scripts named `vllm` and `ollama` (tests/test_vllm_ollama.py writes them).
+scripts named `vllm` and `ollama` (tests/backends/test_vllm_ollama.py writes them).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ edge of the state machine cheap to reach and exact to assert.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from supervisor.config.schema import Target
+from supervisor.events import Event
 from supervisor.gpu.vram import Estimate
 from supervisor.plugin import (
     MISSING,
@@ -34,6 +36,8 @@ from supervisor.plugin import (
     RuntimeInfo,
     hookimpl,
 )
+from supervisor.supervision.owner import TargetSupervisor
+from supervisor.supervision.states import State
 
 # Above any pid the kernel hands out (PID_MAX_LIMIT is 2**22): no real process has one.
 _pids = itertools.count(2**22 + 1)
@@ -191,3 +195,45 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+# --- the in-process harness: one target, its world, its transitions ---
+
+FAST_HEALTH = {"interval": 0.01, "timeout": 0.05, "failures": 3, "metrics_interval": 60,
+               "start_timeout": 30}
+FAST_RESTART = {"backoff_initial": 0.01, "backoff_max": 0.05, "jitter": 0, "stop_grace": 0.2}
+
+S = State
+START = [(S.STOPPED, S.STARTING), (S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+RESTART_TO_READY = [(S.STARTING, S.LOADING), (S.LOADING, S.READY)]
+
+
+class Run:
+    """One target under test: its supervisor, its world and the transitions it made."""
+
+    def __init__(self, sup: TargetSupervisor, world: World, events: list[Event]) -> None:
+        self.sup, self.world, self.events = sup, world, events
+        self._changed = asyncio.Event()
+
+    @property
+    def transitions(self) -> list[tuple[State, State]]:
+        return [(State(e.old), State(e.new)) for e in self.events if e.kind == "state"]
+
+    def notify(self) -> None:
+        self._changed.set()
+
+    async def until(self, done: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Wait until `done()`, woken by each event (and every 10 ms for conditions that emit
+        none, such as a request entering); a scenario that stalls fails instead of hanging."""
+        async with asyncio.timeout(timeout):
+            while not done():
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 0.01)
+
+    async def reaches(self, state: State, times: int = 1) -> None:
+        await self.until(lambda: sum(1 for _, new in self.transitions if new == state) >= times)
+
+    @property
+    def process(self) -> Any:
+        return self.world.processes[-1]

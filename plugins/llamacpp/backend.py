@@ -142,7 +142,7 @@ class LlamaCppBackend(Backend):
     def drafter_learns(self) -> bool:
         # ngram-mod keeps one hash pool of n-grams for all slots and requests, emptied only
         # when the server starts (llama.cpp PR 19164); simple and map-k search the request's
-        # own context. Measured: tests/test_drafter_memory.py.
+        # own context. Measured: tests/backends/test_drafter_memory.py.
         spec = self.target.speculation
         return spec.method == "ngram" and (spec.variant or DEFAULT_NGRAM_VARIANT) == "mod"
 

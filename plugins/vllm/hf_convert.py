@@ -4,7 +4,7 @@ Usage: <vllm venv>/bin/python -I hf_convert.py MODEL.gguf OUTPUT_DIR
 
 This file runs inside the vLLM environment, never in specfleet's: that environment has
 torch and transformers but also an unrelated PyPI package named `supervisor`, so nothing
-from this project may be imported here (tests/test_vllm_provision.py checks that). Only
+from this project may be imported here (tests/backends/test_vllm_provision.py checks that). Only
 the standard library, torch and transformers.
 """
 

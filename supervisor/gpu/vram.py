@@ -1,7 +1,7 @@
 """VRAM estimates and the placement plan. Pure: numbers in, numbers and reasons out.
 
 The estimate for a llama.cpp target follows what llama-server allocates (b11434,
-measured against its own buffer log lines, see tests/test_vram.py):
+measured against its own buffer log lines, see tests/gpu/test_vram.py):
 
 - weights: the tensor bytes of the GGUF (all layers offloaded; `-ngl N` scales them);
 - KV cache: per layer and cell, head_count_kv x (key_length + value_length) x bytes of the

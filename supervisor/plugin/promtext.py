@@ -4,7 +4,7 @@ Our own reader, not prometheus-client's: the daemon reads every target's counter
 `metrics_interval`, and prometheus-client's parser, which walks each line character by
 character, cost 0.57 ms of CPU per read of llama-server's /metrics (0.45 % of a core for
 8 targets read every second); this one costs a tenth of that. It reads samples as that
-parser does (tests/test_promtext.py holds the two together): blank lines and comments are
+parser does (tests/api/test_promtext.py holds the two together): blank lines and comments are
 skipped, `name{label="value",...} value [timestamp]` is a sample, label values are
 unescaped (backslash, quote, newline), a counter whose TYPE line names it without
 `_total` has its samples named with it (prometheus-client's OpenMetrics naming), and a

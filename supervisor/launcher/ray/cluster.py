@@ -56,7 +56,7 @@ def actor_name(target: str) -> str:
 # logger's lock ended the daemon with SIGABRT before it stopped a single target (a daemon
 # stopped right after it adopted an actor), and one that came while ray.init still ran (in
 # its thread, before the daemon's handler could come back) ended a daemon that had stopped
-# every target with SIGABRT all the same (tests/test_sigterm_live.py). So the handler is
+# every target with SIGABRT all the same (tests/daemon/test_sigterm_live.py). So the handler is
 # not installed at all (RAY_DISABLE_FAILURE_SIGNAL_HANDLER, read when Ray is imported), and
 # where it was anyway (an environment that set the variable to 0), SIGTERM's comes back.
 _OURS = (signal.SIGTERM,)

@@ -1,0 +1,45 @@
+"""The short soak in CI (issue 30): benchmarks/soak.py for 10 minutes with every fault kind
+once first (its order drawn from the seed), the same invariants the 2-hour run records in
+benchmarks/results/ (docs/reliability.md, "The soak"). The daemon's RSS slope is left to the
+long run: ten minutes of a daemon that starts, loads and is killed say nothing about a leak.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.soak
+
+MINUTES = 10
+# Fault kinds every machine can do (a container needs podman, a full state dir root).
+EVERYWHERE = {"kill_runtime", "stop_runtime", "kill_daemon", "reload_changed", "reload_broken",
+              "api_restart", "model_gone", "truncated_then_whole", "key_rotated"}
+
+
+def test_ten_minutes_of_faults_lose_no_request_and_leave_nothing_behind(
+        tmp_path, gemma_model, llama_server_bin):
+    result_path = tmp_path / "soak.json"
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak.py"),
+                          "--minutes", str(MINUTES), "--seed", "8", "--each-first",
+                          "--result", str(result_path)],
+                         capture_output=True, text=True, timeout=MINUTES * 60 + 600,
+                         check=False, cwd=REPO)
+    assert result_path.exists(), run.stderr[-4000:]
+    result = json.loads(result_path.read_text())
+    summary = result["summary"]
+    faults = {r["fault"] for r in result["faults"]}
+    assert faults >= EVERYWHERE, (faults, run.stderr[-3000:])
+    assert summary["requests"] > 100 and summary["lost"] == 0, result["lost"]
+    assert summary["orphans"] == 0, result["orphans"]
+    assert summary["not_recovered_in_bound"] == 0, [
+        r for r in result["faults"] if r["recovered_s"] is None]
+    assert summary["status_event_mismatches"] == 0, result["mismatches"]
+    assert summary["unreadable_state_files"] == 0, result["state_files"]
+    assert summary["poll_errors"] == 0, result["poll_errors"]
+    assert summary["daemon_exit"] == 0, run.stderr[-3000:]
