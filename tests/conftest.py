@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -185,6 +186,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         if value:
             return value
         time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float = 5.0,
+                     what: str = "the condition") -> Any:
+    """wait_for in-process: looks every 10 ms, so the loop runs what the test waits for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        await asyncio.sleep(0.01)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -183,7 +183,7 @@ def test_a_planned_daemon_stop_lets_the_requests_under_way_finish_and_refuses_ne
     thread = threading.Thread(target=lambda: answers.append(
         post(f"{proxy_of(fleet)}/v1/completions", body)), daemon=True)
     thread.start()
-    time.sleep(1.5)  # under way: 150 tokens take several seconds on one thread
+    wait_for(lambda: daemon.target("t")["requests"]["in_flight"] == 1, 30, "the request under way")
     daemon.signal(signal.SIGTERM)
     host, port = yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"].split(":")
     refused = wait_for(lambda: _refused(host, int(port)), 10, "new connections refused")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 from supervisor.launcher.children import ChildRegistry
 from supervisor.launcher.process import ProcessLauncher
 from supervisor.plugin.backend import LaunchSpec
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, eventually, wait_for
 
 
 def launcher(tmp_path, **kw) -> ProcessLauncher:
@@ -33,7 +32,7 @@ def gone(pid: int) -> bool:
 async def test_stop_takes_the_whole_process_group_including_grandchildren(tmp_path):
     spec = LaunchSpec(("sh", "-c", "sleep 300 & echo grandchild $!; wait"))
     child = await launcher(tmp_path).start("grp", spec)
-    await asyncio.sleep(0.3)
+    await eventually(lambda: "grandchild" in child.output_tail(), what="the grandchild's pid")
     grandchild = int(child.output_tail().split()[-1])
     assert psutil.pid_exists(grandchild)
     code = await child.stop(grace=5)
@@ -44,7 +43,7 @@ async def test_stop_takes_the_whole_process_group_including_grandchildren(tmp_pa
 async def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     spec = LaunchSpec(("sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"))
     child = await launcher(tmp_path).start("stubborn", spec)
-    await asyncio.sleep(0.3)
+    await eventually(lambda: "ready" in child.output_tail(), what="its trap to be set")
     code = await child.stop(grace=0.5)
     assert code == -signal.SIGKILL
 

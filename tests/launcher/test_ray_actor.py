@@ -43,9 +43,11 @@ async def test_a_reader_that_fell_behind_gets_the_kept_lines_and_the_true_count(
 
 async def test_stop_sends_sigterm_then_sigkill_after_the_grace() -> None:
     actor = TargetActor("t")
-    ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    ignores = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+               "print('ignoring', flush=True); time.sleep(60)")
     await actor.start([sys.executable, "-c", ignores], {}, None, "")
-    await asyncio.sleep(0.3)  # let it install its handler
+    _, lines, _ = await actor.read(0, 10.0)  # its handler is set once it says so
+    assert lines == ["ignoring"]
     assert await actor.stop(0.5) == -signal.SIGKILL
 
 

@@ -24,7 +24,7 @@ from supervisor.supervision.calibration import (
 )
 from supervisor.tuning.autotuner import AutoTuner
 from supervisor.tuning.cost import StepCost
-from tests.conftest import llama_target, write_fleet
+from tests.conftest import eventually, llama_target, write_fleet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,12 +152,13 @@ async def test_a_calibration_that_gives_way_too_long_lets_the_tuner_decide_meanw
     monkeypatch.setattr(calibration, "PATIENCE_S", 0.05)
     calibrating = Calibrating(lambda *a, **k: None)
     calibrating.maybe_start(target, tuner.backend, tuner, tmp_path, room)
-    await asyncio.sleep(0.2)
-    assert not tuner.needs_calibration and "has not measured a plain step" in events[-1]
+    await eventually(lambda: events and "has not measured a plain step" in events[-1],
+                     what="the tuner told to decide meanwhile")
+    assert not tuner.needs_calibration
     assert calibrating.running  # it goes on: its result is still wanted
     finish.set()
-    await asyncio.sleep(0.05)
-    assert not calibrating.running and events[-1].startswith("calibrated: a plain step 40")
+    await eventually(lambda: not calibrating.running, what="the calibration's end")
+    assert events[-1].startswith("calibrated: a plain step 40")
     assert tuner.memory.calibration is not None
 
 
@@ -187,12 +188,12 @@ async def test_an_ngram_tuner_decides_from_serving_at_once_while_its_calibration
     monkeypatch.setattr(calibration, "PATIENCE_S", 0.05)
     calibrating = Calibrating(lambda kind, reason, **data: events.append(reason))
     calibrating.maybe_start(target, tuner.backend, tuner, tmp_path, room)
-    await asyncio.sleep(0.2)
+    await eventually(lambda: events and "deciding from serving meanwhile" in events[-1],
+                     what="the tuner told to decide from serving")
     assert tuner.may_decide and calibrating.running
-    assert "deciding from serving meanwhile" in events[-1]
     assert not any("has not measured a plain step" in e for e in events)  # said once
     finish.set()
-    await asyncio.sleep(0.05)
+    await eventually(lambda: not calibrating.running, what="the calibration's end")
     assert events[-1].startswith("calibrated: a plain step 40") and tuner.memory.calibration
     # A draft model's served steps all draft: it still waits for the plain step.
     target, tuner, events = draft_tuner(tmp_path)
