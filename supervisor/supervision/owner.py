@@ -375,13 +375,18 @@ class TargetSupervisor(TargetRuns):
         return await self._stop(proc, request, step, self.target.restart.stop_grace)
 
     async def _beside(self, proc: RunningProcess, definition: Definition, reason: str,
-                      why_in_place: str | None) -> Next | None:
+                      why_in_place: str | None, redefine: Request | None = None) -> Next | None:
         """A server of `definition` started beside the serving one (handover.py): SERVE once
-        it took over, the step of a command that came while it loaded, or None: in place."""
+        it took over, the step of a command that came while it loaded, or None: in place.
+        For a reload's `redefine`, a restart asked meanwhile is the one under way: the new
+        definition is started again, never dropped for the old one's restart."""
         assert self.server is not None
         outcome = await self.handover.replace(self.server, definition, reason, why_in_place,
                                               self._command_while_serving, self._serve)
         if isinstance(outcome, Request):  # a command came while the new server loaded
+            if redefine is not None and next_step(Phase.RUNNING, outcome.command) is Next.RUN \
+                    and outcome.command is not Command.REDEFINE:
+                return await self._redefine_running(proc, redefine)
             return await self._command_while_running(proc, outcome)
         return Next.SERVE if outcome else None
 
@@ -407,7 +412,7 @@ class TargetSupervisor(TargetRuns):
                 if pulled is not new.target:  # at its ModelKit's files
                     new = self.define(pulled, new.home.with_target(pulled), new.launcher,
                                       new.log_file, new.puller)
-                outcome = await self._beside(proc, new, request.reason, None)
+                outcome = await self._beside(proc, new, request.reason, None, request)
                 if outcome is not None:
                     return outcome
         if why is not None and self.serving:

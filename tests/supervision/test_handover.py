@@ -356,3 +356,17 @@ async def test_after_a_restart_beside_status_shows_only_the_new_process_and_the_
     assert last["reason"] in shown["last_event"]
     # The tuner keeps what it learnt of the text: its evidence is not the status's speed.
     assert run.sup.tuner.window.stats().tokens == 400
+
+
+async def test_a_restart_asked_while_a_reloads_server_loads_does_not_drop_the_reload(
+        start_target):
+    run = start_target(beside=True)
+    await run.reaches(S.READY)
+    run.world.start_readiness = Readiness.LOADING  # the reload's server loads slowly
+    reload(run, model="m2")
+    await run.until(lambda: len(run.world.processes) == 2)
+    run.world.start_readiness = Readiness.READY
+    run.sup.send(Command.RESTART, "restart requested through the API")
+    await run.until(lambda: "retired" in replace_events(run))
+    assert run.sup.target.model == "m2"  # the new definition serves, not the old restarted
+    assert replace_events(run) == ["beside", "abandoned", "beside", "switched", "retired"]
