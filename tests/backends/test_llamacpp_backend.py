@@ -71,7 +71,12 @@ def test_launch_spec_always_enables_metrics_and_keeps_the_api_key_out_of_argv(
     assert "LLAMA_API_KEY=***" in spec.shell_line()
 
 
-OLD_HELP = """----- speculative -----
+OLD_HELP = """----- common params -----
+-m,    --model FNAME                    model path to load
+--host HOST                             ip address to listen (default: 127.0.0.1)
+--port PORT                             port to listen (default: 8080)
+--metrics                               enable prometheus compatible metrics endpoint
+----- speculative -----
 -md,   --model-draft FNAME              draft model for speculative decoding (default: unused)
 --draft-max, --draft, --draft-n N       number of tokens to draft for speculative decoding
 """
@@ -176,3 +181,50 @@ def test_metrics_are_parsed_including_acceptance_per_position_in_numeric_order()
     assert m.tokens_per_second == pytest.approx(80.0)
     assert m.requests_processing == 1
     assert m.process_start == 1764468000.0
+
+
+def test_preflight_refuses_a_flag_the_build_does_not_list_before_starting_it(tmp_path):
+    """A build older or newer than b11434 may lack a flag specfleet generates: refused at
+    start, naming the flag, the build and where it came from, not left to its usage text."""
+    real = (Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434-help.txt")
+    without_metrics = "\n".join(ln for ln in real.read_text().splitlines()
+                                if not ln.startswith("--metrics"))
+    (tmp_path / "old").mkdir()
+    binary = fake_binary(tmp_path / "old", without_metrics)
+    with pytest.raises(SpecfleetError) as refused:
+        asyncio.run(LlamaCppBackend(target(binary=str(binary))).preflight())
+    said = str(refused.value)
+    assert "--metrics: llama-server 4000 (old)" in said and str(binary) in said
+    assert "does not list it" in said
+    # An extra argument the build lists as removed: refused with the help's replacement.
+    # (Another script: a build is known by its binary's hash.)
+    (tmp_path / "real").mkdir()
+    binary = fake_binary(tmp_path / "real", real.read_text())
+    with pytest.raises(SpecfleetError, match=r"--draft-max: .* lists it as removed: use "
+                                             r"--spec-draft-n-max or --spec-ngram-mod-n-max"):
+        asyncio.run(LlamaCppBackend(target(binary=str(binary),
+                                           args=["--draft-max", "8"])).preflight())
+    assert asyncio.run(LlamaCppBackend(target(binary=str(binary))).preflight())
+
+
+def test_check_names_each_flag_the_real_build_does_not_take_with_its_replacement(
+        tmp_path, llama_server_bin, model):
+    """Tried as a new user would: a typo and a flag b11434's own help lists as removed once
+    passed `check` with "OK" and failed at start with the usage text."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, llama_target, write_fleet
+
+    fleet = write_fleet(tmp_path, {"gemma": llama_target(
+        model, llama_server_bin, args=["--ctx-sise", "2048", "--spec-ngram-size-n", "4"])})
+    checked = subprocess.run([sys.executable, "-m", "supervisor", "check", str(fleet)],
+                             capture_output=True, text=True, cwd=REPO, check=False)
+    assert checked.returncode == 2, checked.stdout
+    said = checked.stderr
+    assert f"{fleet}:" in said and "Traceback" not in said
+    assert "targets.gemma.args[0]: --ctx-sise: llama-server " in said
+    assert "does not list it (did you mean --ctx-size?)" in said
+    assert "targets.gemma.args[2]: --spec-ngram-size-n: llama-server " in said
+    assert ("lists it as removed: use the respective --spec-ngram-*-size-n or "
+            "--spec-ngram-mod-n-match") in said and llama_server_bin in said
