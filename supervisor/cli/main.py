@@ -15,7 +15,18 @@ import os
 import sys
 
 from supervisor import __version__
-from supervisor.cli import bench, calibrate, check, export, pull, run, setup, status, units
+from supervisor.cli import (
+    bench,
+    calibrate,
+    check,
+    examples,
+    export,
+    pull,
+    run,
+    setup,
+    status,
+    units,
+)
 from supervisor.errors import FleetFileError, SpecfleetError
 
 DESCRIPTION = """\
@@ -32,6 +43,7 @@ typical use:
   kill -HUP <daemon pid>         SIGHUP reloads fleet.yaml: only changed targets restart,
                                  a broken file is rejected and changes nothing
   specfleet setup                build llama-server and fetch the example model (optional)
+  specfleet examples             the example fleets shipped with specfleet (--copy DIR)
 
 where things are (daemon.state_dir, default /var/lib/specfleet as root, else
 ~/.local/state/specfleet):
@@ -52,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specfleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # The order here is the order `specfleet --help` lists the commands in.
-    for command in (check, run, status, pull, bench, calibrate, export, units, setup):
+    for command in (check, run, status, pull, bench, calibrate, export, units, setup,
+                    examples):
         command.register(sub)
     return parser
 
