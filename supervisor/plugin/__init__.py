@@ -47,11 +47,13 @@ from supervisor.plugin.cache import (
     pair_paths,
     run_logged,
 )
+from supervisor.plugin.counters import llamacpp_counters, vllm_counters
 from supervisor.plugin.executor import LOCAL, Executor
 from supervisor.plugin.helpers import (
     api_key,
     check_binary_found,
     check_options,
+    check_settings,
     command_binary,
     cuda_env,
     openai_completion,
@@ -104,6 +106,7 @@ __all__ = [
     "cache_root",
     "check_binary_found",
     "check_options",
+    "check_settings",
     "command_binary",
     "cuda_env",
     "dense_positions",
@@ -112,6 +115,7 @@ __all__ = [
     "find_out_of_memory",
     "gguf_incomplete",
     "hookimpl",
+    "llamacpp_counters",
     "llamacpp_model",
     "log_tail",
     "openai_completion",
@@ -121,4 +125,5 @@ __all__ = [
     "read_model_facts",
     "run_logged",
     "traits_for",
+    "vllm_counters",
 ]

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
+from pydantic import BaseModel, ValidationError
 
+from supervisor.config.loader import validation_problems
 from supervisor.config.schema import METHODS_WITH_DRAFT_FILE, Target
 from supervisor.config.sourcemap import MISSING, Problem
 from supervisor.errors import SpecfleetError
@@ -47,6 +49,18 @@ def check_options(target: Target, allowed: Mapping[str, tuple[type, ...]]) -> li
             problems.append(Problem(("options", key), f"expected "
                                     f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}"))
     return problems
+
+
+def check_settings(model: type[BaseModel], values: Mapping[str, Any],
+                   where: tuple[str, ...]) -> list[Problem]:
+    """`values` (a target's `options:`, say) against a pydantic model of them: each error
+    as the fleet file's problem, at `where` + its place (the file's line, the bad value and
+    what is valid, as for every key)."""
+    try:
+        model.model_validate(values)
+    except ValidationError as exc:
+        return validation_problems(exc, model, where)
+    return []
 
 
 def check_binary_found(backend: Callable[[Target], Backend], target: Target) -> list[Problem]:

@@ -178,9 +178,10 @@ def test_no_function_is_longer_than_60_lines():
 def test_supervisor_has_about_a_dozen_entries_one_per_concern():
     entries = sorted(p.name for p in (REPO / "supervisor").iterdir()
                      if p.name != "__pycache__" and not p.name.startswith("__"))
+    # examples/: the example fleets shipped as package data (`specfleet examples`).
     assert entries == ["api", "atomicfile.py", "bench", "cli", "config", "daemon", "errors.py",
-                       "events.py", "gpu", "launcher", "models", "plugin", "registry",
-                       "supervision", "tuning"]
+                       "events.py", "examples", "gpu", "launcher", "models", "plugin",
+                       "registry", "supervision", "tuning"]
 
 
 def test_built_in_plugins_import_only_the_public_plugin_path():
