@@ -27,6 +27,11 @@ class StartRefused(SpecfleetError):
     """A start that cannot work (the pairing guard, the VRAM planner); says why, with numbers."""
 
 
+class Untrusted(SpecfleetError):
+    """A ModelKit whose signature the trust policy refuses: final (never retried), and never
+    a reason to stop a server that serves (a reload's change is then not applied)."""
+
+
 class Lacking(SpecfleetError):
     """What this host lacks for one target now, found before its start: a model or draft
     file missing, unreadable or truncated, a runtime binary that is not there. The target

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 # ray_cluster: a real local Ray cluster (head and two workers) for launcher: ray; image: the
 # llama-server image of the container tests.
 pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster", "tests.oci_registry",
-                  "tests.container_image"]
+                  "tests.container_image", "tests.lifecycle_doubles"]
 
 
 # A test is `live` (README, "Tests") when it uses a real part that these fixtures provision:

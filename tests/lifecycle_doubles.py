@@ -1,7 +1,8 @@
 """Stand-ins for the in-process lifecycle tests: a backend registered like a real plugin,
 a launcher and the processes it "starts", all driven by a `World` the test controls.
 
-Real-process tests stay (test_live_daemon.py, test_process_launcher.py); these make each
+`start_target` (a fixture: this module is a pytest plugin of tests/conftest.py) starts one
+owner on them. Real-process tests stay (test_live_daemon.py, test_process_launcher.py); these make each
 edge of the state machine cheap to reach and exact to assert.
 """
 
@@ -10,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
+import pytest
 
 from supervisor.config.schema import Target
-from supervisor.events import Event
+from supervisor.events import Event, EventBus
 from supervisor.gpu.vram import Estimate
 from supervisor.plugin import (
     MISSING,
@@ -36,6 +38,8 @@ from supervisor.plugin import (
     RuntimeInfo,
     hookimpl,
 )
+from supervisor.plugin.registry import build_registry
+from supervisor.supervision.commands import Command
 from supervisor.supervision.owner import TargetSupervisor
 from supervisor.supervision.states import State
 
@@ -237,3 +241,43 @@ class Run:
     @property
     def process(self) -> Any:
         return self.world.processes[-1]
+
+
+@pytest.fixture
+async def start_target() -> AsyncIterator[Callable[..., Run]]:
+    registry = build_registry([FakePlugin()], entry_points=False)
+    runs: list[Run] = []
+    async with aiohttp.ClientSession() as http:
+
+        def start(detaches: bool = False, clock: Callable[[], float] | None = None,
+                  adopt: bool = False, unloaded: bool = False, beside: bool = False,
+                  proxied: bool = True, kits: Any = None, **over: Any) -> Run:
+            world = World()
+            if adopt:  # a process left running by the previous daemon
+                world.adoptable = FakeProcess(world)
+                world.processes.append(world.adoptable)
+            settings: dict[str, Any] = {"name": "t", "backend": "fake", "model": "m", "port": 1,
+                                        "health": dict(FAST_HEALTH),
+                                        "restart": dict(FAST_RESTART)}
+            for key, value in over.items():
+                settings[key] = {**settings[key], **value} if key in ("health", "restart") \
+                    else value
+            target = Target(**settings)
+            backend = registry.backend_for(target)
+            assert isinstance(backend, FakeBackend)
+            backend.world = world
+            bus, events = EventBus(), []
+            sup = TargetSupervisor(target, backend, FakeLauncher(world, detaches, beside), bus,
+                                   http, clock=clock or FakeClock(), rand=lambda: 0.5,
+                                   unloaded=unloaded, proxied=proxied, kits=kits)
+            # The fleet's loader, as simple as it gets: every demand loads at once.
+            sup.loading.load_with(lambda name, reason: sup.send(Command.START, reason))
+            run = Run(sup, world, events)
+            bus.subscribe(lambda e: (events.append(e), run.notify()))
+            runs.append(run)
+            sup.start_owner_task()
+            return run
+
+        yield start
+        for run in runs:
+            await run.sup.shutdown("test over")

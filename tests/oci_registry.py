@@ -159,6 +159,47 @@ class LocalRegistry:
         return self.push_manifest(repo, tag, manifest)
 
 
+def cosign_sign(registry: LocalRegistry, repo: str, digest: str, private_key: Any,
+                tamper: bool = False) -> str:
+    """A signature of the manifest `digest` in cosign's layout (its `sha256-<hex>.sig` tag:
+    a simple-signing payload layer with the base64 signature in its annotation), made with
+    `private_key` (cryptography's EC P-256 or Ed25519); `tamper`: the payload changed after
+    it was signed. The signature manifest's digest."""
+    import base64
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    payload = json.dumps({"critical": {"identity": {"docker-reference": f"{registry.host}/{repo}"},
+                                       "image": {"docker-manifest-digest": digest},
+                                       "type": "cosign container image signature"},
+                          "optional": None}, separators=(",", ":")).encode()
+    if isinstance(private_key, ec.EllipticCurvePrivateKey):
+        signature = private_key.sign(payload, ec.ECDSA(hashes.SHA256()))
+    else:
+        signature = private_key.sign(payload)
+    if tamper:
+        payload = payload.replace(b"cosign container", b"cosign c0ntainer")
+    config = b"{}"
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": registry.push_blob(repo, config), "size": len(config)},
+                "layers": [{"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+                            "digest": registry.push_blob(repo, payload), "size": len(payload),
+                            "annotations": {"dev.cosignproject.cosign/signature":
+                                            base64.b64encode(signature).decode()}}]}
+    return registry.push_manifest(repo, digest.replace(":", "-") + ".sig", manifest)
+
+
+def public_pem(private_key: Any, path: Path) -> str:
+    """The key's public half as cosign writes it (PEM, SubjectPublicKeyInfo); its path."""
+    from cryptography.hazmat.primitives import serialization
+
+    path.write_bytes(private_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return str(path)
+
+
 @pytest.fixture
 def oci_registry(tmp_path: Path) -> Iterator[LocalRegistry]:
     if BINARY is None:

@@ -55,8 +55,11 @@ async def _pull_all(fleet: Fleet, targets: list[Target]) -> None:
         for target in targets:
             assert target.modelkit is not None
             resolved = await kits.resolve(target.modelkit.ref)
+            verdict = await kits.verify(resolved, *kits.trust_of(target.modelkit))
             layers = resolved.layers(target)
             print(describe(target, resolved, kits))
+            print(f"  signature: {verdict.provenance()['signature']}"
+                  + (f" by {verdict.signed_by}" if verdict.signed_by else ""))
             await kits.pull(resolved, layers, _bar(target.name))
             print(f"  pulled: {', '.join(f'{r} {kits.store.place_of(x)}' for r, x in layers.items())}")
 
@@ -75,7 +78,8 @@ async def with_kits(fleet: Fleet, work: Callable[[ModelKits], Any], keep: bool =
     settings = fleet.daemon.modelkits
     async with aiohttp.ClientSession() as session:
         await work(ModelKits(LayerStore(fleet.daemon.modelkit_cache), session, settings.timeout,
-                             max_size=None, keep=keep))
+                             max_size=None, keep=keep, keys=settings.keys,
+                             verify=settings.verify))
 
 
 def describe(target: Target, resolved: Resolved, kits: ModelKits) -> str:
@@ -127,6 +131,7 @@ def resolved_targets(fleet: Fleet) -> tuple[dict[str, Target], list[str], list[s
                 continue
             try:
                 resolved = await kits.resolve(target.modelkit.ref)
+                await kits.verify(resolved, *kits.trust_of(target.modelkit))
                 targets[name] = materialized(target, kits.store, resolved.layers(target))
                 said.append(describe(target, resolved, kits))
             except SpecfleetError as exc:

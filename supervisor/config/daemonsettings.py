@@ -106,6 +106,10 @@ class Proxy(_Strict):
         return _check_host_port(value)
 
 
+# Whether a ModelKit's manifest must carry a trusted key's cosign signature.
+VerifyPolicy = Literal["required", "if_present", "off"]
+
+
 class ModelKitSettings(_Strict):
     """The cache of layers pulled from registries (docs/modelkits.md)."""
 
@@ -118,6 +122,15 @@ class ModelKitSettings(_Strict):
     timeout: Seconds = Field(default=30.0, gt=0, description=(
         "A registry that does not answer within this long is taken as down (a start then "
         "uses the digest the tag last resolved to, from the cache)."))
+    keys: dict[str, str] = Field(default_factory=dict, description=(
+        "Public keys trusted to sign ModelKits (cosign's PEM files: ECDSA P-256, Ed25519 or "
+        "RSA), by name; every target with `modelkit.verify` trusts them, and its own "
+        "`modelkit.keys` besides (docs/modelkits.md, \"Signed models\")."))
+    verify: VerifyPolicy = Field(default="off", description=(
+        "Whether a ModelKit's manifest must be signed before its layers are used: `required` "
+        "(unsigned, or signed by no trusted key: the target does not start), `if_present` "
+        "(a signature that is there must be a trusted key's), or `off`. A target's "
+        "`modelkit.verify` overrides it."))
 
 
 class Daemon(_Strict):

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from supervisor.config import ociref
 from supervisor.config.containersettings import ContainerSettings
-from supervisor.config.daemonsettings import ApiKey, Daemon
+from supervisor.config.daemonsettings import ApiKey, Daemon, VerifyPolicy
 from supervisor.config.ondemandsettings import LoadingDefaults, LoadingKeys
 from supervisor.config.raysettings import RayPlacement
 from supervisor.config.scalars import env_name
@@ -121,6 +121,12 @@ class ModelKit(_Strict):
         "The part that is the draft: its Kitfile name or file name; unset: the only GGUF part "
         "besides the model. Used where `speculation.method` takes a draft file and "
         "`speculation.draft` is unset."))
+    verify: VerifyPolicy | None = Field(default=None, description=(
+        "Whether its manifest must carry a trusted key's signature (`required`, "
+        "`if_present`, `off`); unset: `daemon.modelkits.verify`."))
+    keys: dict[str, str] = Field(default_factory=dict, description=(
+        "Public keys (PEM files, by name) trusted for this target besides "
+        "`daemon.modelkits.keys`."))
 
 
 class Restart(_Strict):

@@ -118,7 +118,8 @@ class FleetSupervisors:
         if self.kits is None:
             settings = self.fleet.daemon.modelkits
             self.kits = ModelKits(LayerStore(self.fleet.daemon.modelkit_cache), self.http,
-                                  settings.timeout, settings.max_size, self._kit_layers)
+                                  settings.timeout, settings.max_size, self._kit_layers,
+                                  keys=settings.keys, verify=settings.verify)
         return self.kits
 
     def _kit_layers(self) -> list[str]:

@@ -35,6 +35,10 @@ class RegistryError(SpecfleetError):
 _WIRE = (aiohttp.ClientError, TimeoutError, ValueError)
 
 
+class NotFound(RegistryError):
+    """The registry answered that what was asked for is not there (404)."""
+
+
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
     scheme, _, rest = header.partition(" ")
     return scheme.lower(), dict(re.findall(r'(\w+)="([^"]*)"', rest))
@@ -103,8 +107,8 @@ class RegistryClient:
         try:
             async with resp:
                 if resp.status == 404:
-                    raise RegistryError(f"{ref}: no such manifest in {ref.host} "
-                                        f"({(await resp.text(errors='replace'))[:200]})")
+                    raise NotFound(f"{ref}: no such manifest in {ref.host} "
+                                   f"({(await resp.text(errors='replace'))[:200]})")
                 if resp.status != 200:
                     raise RegistryError(f"{ref}: registry answered {resp.status} "
                                         f"({(await resp.text(errors='replace'))[:200]})")

@@ -13,24 +13,43 @@ and the target as it runs (docs/modelkits.md).
   cache (paths named by digest: a moved tag is another path, so another model to the
   tuner and the run records).
 - `provenance`: what a run record keeps beside the files' sha256.
+- `verify`: the manifest's cosign signatures judged by the target's trust policy
+  (signatures.py) before any layer is used; the signatures are kept in the cache, so that
+  a start from the cache while the registry is down is judged the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from supervisor.config import ociref
-from supervisor.config.schema import METHODS_NEEDING_DRAFT, METHODS_WITH_DRAFT_FILE, Target
+from supervisor.config.schema import (
+    METHODS_NEEDING_DRAFT,
+    METHODS_WITH_DRAFT_FILE,
+    ModelKit,
+    Target,
+)
+from supervisor.errors import Untrusted
 from supervisor.registry import artifact, credentials
 from supervisor.registry.artifact import Artifact, Layer
-from supervisor.registry.client import RegistryClient, RegistryError
+from supervisor.registry.client import NotFound, RegistryClient, RegistryError
+from supervisor.registry.signatures import (
+    MAX_PAYLOAD,
+    Signed,
+    Verdict,
+    judge,
+    load_keys,
+    payload_ok,
+    signature_layers,
+    signature_tag,
+)
 from supervisor.registry.store import LayerStore, TamperedBlob
 
 # (bytes so far, bytes in all) over every layer a pull fetches.
@@ -79,8 +98,11 @@ class ModelKits:
 
     def __init__(self, store: LayerStore, session: aiohttp.ClientSession,
                  timeout: float = 30.0, max_size: int | None = None,
-                 in_use: Callable[[], Iterable[str]] = tuple, keep: bool = True) -> None:
+                 in_use: Callable[[], Iterable[str]] = tuple, keep: bool = True,
+                 keys: Mapping[str, str] | None = None, verify: str = "off") -> None:
         self.store = store
+        self.keys = dict(keys or {})  # daemon.modelkits.keys: name -> PEM file
+        self.policy = verify  # daemon.modelkits.verify: a target's default
         self.keep = keep  # keep manifests in the cache (False: `check`, which writes nothing)
         self.session = session
         self.timeout = timeout
@@ -129,6 +151,56 @@ class ModelKits:
         desc = json.loads(raw).get("config") or {}
         config = self.store.get_json(desc["digest"]) if desc.get("digest") else None
         return Resolved(ref, digest, artifact.read(raw, config), offline=error)
+
+    def trust_of(self, kit: ModelKit) -> tuple[str, dict[str, str]]:
+        """A target's policy and the keys it trusts (the daemon's and its own)."""
+        return kit.verify or self.policy, {**self.keys, **kit.keys}
+
+    async def verify(self, resolved: Resolved, policy: str,
+                     keys: Mapping[str, str]) -> Verdict:
+        """The policy's verdict on the resolved manifest: Untrusted where it refuses."""
+        if policy == "off":
+            return Verdict(policy)
+        trusted = load_keys(keys)
+        where = replace(resolved.ref, tag=signature_tag(resolved.digest), digest=None)
+        signed = await self._signatures(where, resolved.offline)
+        return judge(policy, resolved.ref, resolved.digest, signed, trusted)
+
+    async def _signatures(self, where: ociref.Reference, offline: str | None) -> list[Signed]:
+        """The signature layers at cosign's tag, from the registry (kept in the cache), or
+        from the cache while the registry cannot be reached."""
+        if offline is None:
+            try:
+                digest, raw = await self._client(where.host).manifest(where)
+            except NotFound:
+                return []
+            except RegistryError as exc:
+                raise Untrusted(f"{where}: its signatures could not be read: {exc}") from None
+            signed = [Signed(await self._payload(where, d), sig)
+                      for d, sig in signature_layers(raw)]
+            if self.keep:
+                self.store.put_json(digest, raw)
+                for s in signed:
+                    self.store.put_json(f"sha256:{hashlib.sha256(s.payload).hexdigest()}",
+                                        s.payload)
+                self.store.remember_tag(where, digest)
+            return signed
+        kept = self.store.last_digest(where)
+        raw = self.store.get_json(kept) if kept else None
+        if raw is None:
+            return []
+        return [Signed(payload, sig) for d, sig in signature_layers(raw)
+                if (payload := self.store.get_json(d)) is not None]
+
+    async def _payload(self, where: ociref.Reference, digest: str) -> bytes:
+        body = b""
+        async for chunk in self._client(where.host).blob(where, digest):
+            body += chunk
+            if len(body) > MAX_PAYLOAD:
+                raise Untrusted(f"{where}: signature payload {digest} is too large")
+        if not payload_ok(body, digest):
+            raise Untrusted(f"{where}: signature payload is not {digest}; refused")
+        return body
 
     async def pull(self, resolved: Resolved, layers: dict[str, Layer],
                    progress: Progress | None = None) -> dict[str, Path]:

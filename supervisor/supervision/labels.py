@@ -120,6 +120,8 @@ def source(target: dict[str, Any]) -> str:
                  else ", resolving")
     elif kit.get("offline"):
         said += ", from the cache (registry not reached)"
+    if kit.get("signed_by"):
+        said += f", signed by {kit['signed_by']}"
     return said
 
 

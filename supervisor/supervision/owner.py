@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from supervisor.config.schema import Target
-from supervisor.errors import Lacking, NotReachableYet, SpecfleetError, StartRefused
+from supervisor.errors import Lacking, NotReachableYet, SpecfleetError, StartRefused, Untrusted
 from supervisor.events import Event, EventBus
 from supervisor.gpu.placement import Placer
 from supervisor.plugin.backend import Backend, Failure, FailureKind, MetricsSample
@@ -404,6 +404,10 @@ class TargetSupervisor(TargetRuns):
             try:
                 pulled = await new.puller.pull_or_command(new.target,
                                                           self._command_while_serving)
+            except Untrusted as exc:  # never a reason to stop what serves
+                self._event("replace", f"{request.reason}: not applied, the running server "
+                            f"(pid {proc.pid}) keeps serving: {exc}", replace="refused")
+                return Next.SERVE
             except SpecfleetError as exc:  # and NotReachableYet: the start in place says so
                 pulled, why = new.target, f"its ModelKit was not pulled beside: {exc}"
             if isinstance(pulled, Request):  # a later command instead (a shutdown, a reload)

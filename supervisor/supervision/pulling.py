@@ -59,8 +59,10 @@ class KitPuller:
             resolved = await kits.resolve(source.ref)
         except RegistryError as exc:
             raise NotReachableYet(f"target '{self.name}': {exc}") from None
+        # Untrusted (final): the trust policy refuses the manifest, before any layer is used.
+        verdict = await kits.verify(resolved, *kits.trust_of(source))
         layers = resolved.layers(target)  # ArtifactError: this kit cannot serve it
-        provenance = resolved.provenance(layers)
+        provenance = {**resolved.provenance(layers), **verdict.provenance()}
         self.kit = {**provenance, "pull": {"done": 0, "total": 0}}
         said = f"{resolved.ref} is {resolved.digest}" + (
             f" (from the cache: {resolved.offline})" if resolved.offline else "")
