@@ -26,12 +26,14 @@ to tune. The server is stopped as any other (SIGTERM, `restart.stop_grace`, SIGK
 
 from __future__ import annotations
 
+import shutil
 from typing import Any, Literal
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from supervisor.plugin import (
+    MISSING,
     Backend,
     Estimate,
     LaunchSpec,
@@ -117,6 +119,11 @@ class CommandBackend(Backend):
         if problems:
             return problems
         options = CommandOptions.model_validate(target.options)
+        program = options.command[0]
+        if "{" not in program and shutil.which(program) is None:
+            # What the host lacks (a tool not installed yet, a mount): the target waits.
+            problems.append(Problem(("options", "command", 0), f"{program!r} is not an "
+                                    "executable here (not a file, not on PATH)", MISSING))
         if not any("{port}" in arg for arg in options.command):
             problems.append(Problem(("options", "command"), "the command never says {port}: "
                                     "the server would not listen where specfleet probes it",

@@ -51,11 +51,15 @@ def test_bad_options_are_fleet_file_errors_at_their_place():
     assert CommandBackend.check(target(options={"command": []}))[0].path == ("options",
                                                                              "command")
     # No {port}: a warning; speculation without a way to tune it: an error.
-    warned = CommandBackend.check(target(options={"command": ["srv"]}))
+    warned = CommandBackend.check(target(options={"command": ["/bin/true"]}))
     assert [p.severity for p in warned] == ["warning"]
-    spec = CommandBackend.check(target(speculation={"method": "ngram"}))
+    missing = CommandBackend.check(target())  # /opt/tabby/start.sh is not on this machine
+    assert [(p.path, p.severity) for p in missing] == [(("options", "command", 0), "missing")]
+    spec = CommandBackend.check(target(speculation={"method": "ngram"},
+                                       options={"command": ["/bin/true", "{port}"]}))
     assert spec[0].path == ("speculation", "method") and "{draft_length}" in spec[0].message
-    assert CommandBackend.check(target()) == []
+    here = target(options={"command": ["/bin/true", "--port", "{port}"]})
+    assert CommandBackend.check(here) == []
 
 
 def test_memory_is_a_size_for_the_on_demand_plan():
