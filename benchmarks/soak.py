@@ -12,7 +12,8 @@ The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the mo
 GPU memory (`daemon.gpu.memory`) holds only two of them at once, so they swap. The
 status page's endpoints are polled as an open browser tab does, with a read key; the
 clients send an inference key, read from its file for each request (`daemon.keys`). Faults
-every 20-60 s: kill -9 and SIGSTOP of runtimes, `podman kill`, kill -9 of the daemon and a
+every 20-60 s (10-30 s while --each-first does each kind once): kill -9 and SIGSTOP of
+runtimes, `podman kill`, kill -9 of the daemon and a
 new one, SIGHUP with a changed file and with a broken one, API restarts, plain's NAS folder
 moved away and back and its model truncated then whole again (each around a crash: the
 target waits, then serves), the inference key rotated, the state dir full (a tmpfs, when

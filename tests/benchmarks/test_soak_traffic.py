@@ -18,11 +18,16 @@ from soak_traffic import Traffic
 REASON = "target 'a' is restarting: proxy.hold of 1s ran out"
 
 
-class Refusing(BaseHTTPRequestHandler):
+class JsonReplies(BaseHTTPRequestHandler):
+    """A server that reads each request's body and answers `answer()` as JSON."""
+
+    def answer(self) -> tuple[int, dict[str, object]]:
+        raise NotImplementedError
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
-        status = 503 if self.path == "/v1/completions" else 500
-        body = json.dumps({"error": {"message": REASON}}).encode()
+        status, reply = self.answer()
+        body = json.dumps(reply).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -31,6 +36,11 @@ class Refusing(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class Refusing(JsonReplies):
+    def answer(self) -> tuple[int, dict[str, object]]:
+        return (503 if self.path == "/v1/completions" else 500), {"error": {"message": REASON}}
 
 
 def test_refusals_are_kept_with_their_reason_and_other_statuses_are_lost():
@@ -55,22 +65,13 @@ def test_refusals_are_kept_with_their_reason_and_other_statuses_are_lost():
     assert traffic.counts["refused"] >= len(traffic.refused)
 
 
-class KeyChecking(BaseHTTPRequestHandler):
+class KeyChecking(JsonReplies):
     """Answers only the bearer key in `server.key` (what the daemon does after a rotation)."""
 
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        ok = self.headers.get("Authorization") == f"Bearer {self.server.key}"  # type: ignore[attr-defined]
-        body = json.dumps({"choices": [{"text": "hi"}]} if ok else
-                          {"error": {"message": "no key that matches"}}).encode()
-        self.send_response(200 if ok else 401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def answer(self) -> tuple[int, dict[str, object]]:
+        if self.headers.get("Authorization") == f"Bearer {self.server.key}":  # type: ignore[attr-defined]
+            return 200, {"choices": [{"text": "hi"}]}
+        return 401, {"error": {"message": "no key that matches"}}
 
 
 def test_a_request_that_met_a_rotation_is_sent_again_with_the_new_key_and_a_wrong_key_is_lost():
