@@ -3,7 +3,8 @@ once, steady mixed traffic through the proxy, faults drawn from a seed, and the 
 checked all along (docs/reliability.md, "The soak").
 
     .venv/bin/python benchmarks/soak.py --minutes 120 --seed 1 [--out soak-run1.json]
-    [--each-first] [--result PATH]   (tests/benchmarks/test_soak.py: 10 minutes, every fault kind)
+    [--each-first [--until-each]] [--result PATH]
+    (tests/benchmarks/test_soak.py: every fault kind once, --until-each, at most 10 minutes)
     [--without kill_daemon] [--no-faults] [--trace-memory DIR]   (what grows in the daemon)
 
 The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the model, on a
@@ -12,7 +13,7 @@ The fleet: `tuned` (ngram-mod, the tuner on) and `plain` (its own copy of the mo
 GPU memory (`daemon.gpu.memory`) holds only two of them at once, so they swap. The
 status page's endpoints are polled as an open browser tab does, with a read key; the
 clients send an inference key, read from its file for each request (`daemon.keys`). Faults
-every 20-60 s (10-30 s while --each-first does each kind once): kill -9 and SIGSTOP of
+every 20-60 s (10-30 s while --each-first does each kind once, 5-15 s with --until-each): kill -9 and SIGSTOP of
 runtimes, `podman kill`, kill -9 of the daemon and a
 new one, SIGHUP with a changed file and with a broken one, API restarts, plain's NAS folder
 moved away and back and its model truncated then whole again (each around a crash: the
@@ -128,9 +129,12 @@ class Soak:
         poller.start()
         self.traffic.start()
         end = time.monotonic() + self.args.minutes * 60
-        next_fault = time.monotonic() + rand.uniform(20, 60)
+        low, high = self._pace()
+        next_fault = time.monotonic() + rand.uniform(low, high)
         try:
             while time.monotonic() < end:
+                if self.args.until_each and not self.faults.first and self.records:
+                    break  # every kind done once (the traffic went on through each)
                 self.traffic.active = self.load_rand.randint(1, self.args.clients)
                 time.sleep(5)
                 self._sample()
@@ -141,9 +145,7 @@ class Soak:
                     print(f"soak: {record['fault']} {record['target']}: recovered in "
                           f"{record['recovered_s']} s ({record['detail']})", file=sys.stderr)
                     self._check_orphans(after=fault)
-                    # Every kind once first goes at twice the pace, so that a short run
-                    # does them all (tests/benchmarks/test_soak.py: 10 minutes).
-                    low, high = (10, 30) if self.faults.first else (20, 60)
+                    low, high = self._pace()
                     next_fault = time.monotonic() + rand.uniform(low, high)
         except KeyboardInterrupt:
             # Ctrl-C: the daemon stops first (its runtimes and containers with it), before the
@@ -163,6 +165,14 @@ class Soak:
             left += [f"unit specfleet-unit.service {state}"] if state in ("active", "activating",
                                                                           "deactivating") else []
         return self.result(code, left)
+
+    def _pace(self) -> tuple[float, float]:
+        """Seconds between two faults, drawn uniformly. Every kind once first goes faster,
+        so that a short run does them all (tests/benchmarks/test_soak.py); with --until-each
+        faster still: the run then exists to do each once under traffic."""
+        if not self.faults.first:
+            return 20, 60
+        return (5, 15) if self.args.until_each else (10, 30)
 
     def _sample(self) -> None:
         proc = self.fleet.proc
@@ -225,6 +235,8 @@ def main() -> int:
     ap.add_argument("--result", default=None, help="write the result to this path instead")
     ap.add_argument("--each-first", action="store_true",
                     help="every fault kind once first, in an order drawn from the seed")
+    ap.add_argument("--until-each", action="store_true",
+                    help="with --each-first: end once every kind was done (--minutes bounds it)")
     ap.add_argument("--no-container", action="store_true")
     ap.add_argument("--systemd", action="store_true",
                     help="a target with launcher: systemd too; the daemon then runs inside a "
@@ -240,6 +252,8 @@ def main() -> int:
                          "tracemalloc the sites that grew to DIR/<pid>.txt "
                          "(SPECFLEET_TRACE=light: the counters only, RSS as it is)")
     args = ap.parse_args()
+    if args.until_each and not args.each_first:
+        ap.error("--until-each needs --each-first")
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr)
     binary = str(provision.cached_llama_server() or provision.build_llama_server(

@@ -126,3 +126,55 @@ def test_a_registry_down_with_nothing_cached_is_retried_and_says_so(
     assert "cannot be reached" in waiting["last_event"]["reason"]
     assert "never pulled here" in waiting["last_event"]["reason"]
     assert "tries to start again" in waiting["last_event"]["reason"]
+
+
+def test_a_signed_kit_serves_under_required_and_a_tag_moved_unsigned_is_refused_on_reload(
+        tmp_path, model, llama_server_bin, start_daemon, oci_registry):
+    """The whole daemon, the real model in a kit signed in cosign's layout with a key this
+    test makes: `check` and the start verify it and say who signed; the tag moved to a kit
+    nobody signed and the file reloaded: refused, the same server goes on answering;
+    `check` then refuses the fleet naming the reference, the digest and the keys tried."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from tests.oci_registry import cosign_sign, public_pem
+
+    weights = Path(model).read_bytes()
+    ops = ec.generate_private_key(ec.SECP256R1())
+    signed = oci_registry.push_modelkit("lab/gemma", "v1", ("models/gemma.gguf", weights),
+                                        [], {"name": "gemma", "version": "1.0"})
+    cosign_sign(oci_registry, "lab/gemma", signed, ops)
+    ref = f"{oci_registry.host}/lab/gemma:v1"
+    target = llama_target("", llama_server_bin, modelkit={"ref": ref, "verify": "required"})
+    del target["model"]
+    fleet = write_fleet(tmp_path, {"t": target}, modelkits={
+        "keys": {"ops": public_pem(ops, tmp_path / "ops.pub")}})
+    checked = check(fleet)
+    assert checked.returncode == 0, checked.stderr
+
+    daemon = start_daemon(fleet)
+    ready = daemon.wait_state("t", "ready", timeout=300)
+    assert ready["modelkit"]["signature"] == "verified"
+    assert ready["modelkit"]["signed_by"] == "ops"
+    record = wait_for(lambda: run_record(daemon, "t").get("modelkit"), 60, "the run record")
+    assert record["signed_by"] == "ops" and record["manifest_digest"] == signed
+    serving = ready["pid"]
+
+    unsigned = oci_registry.push_modelkit("lab/gemma", "v1", ("models/gemma.gguf", weights),
+                                          [], {"name": "gemma", "version": "1.1"})
+    daemon.signal(signal.SIGHUP)
+    refused = wait_for(lambda: next((e for e in daemon.events("t") if e["kind"] == "replace"
+                                     and (e.get("data") or {}).get("replace") == "refused"),
+                                    None), 120, "the reload refused")
+    assert "is not trusted" in refused["reason"] and unsigned in refused["reason"], refused
+    now = daemon.target("t")
+    assert now["pid"] == serving and now["state"] == "ready"
+    assert now["modelkit"]["manifest_digest"] == signed
+    answer = post_json(f"{proxy_of(fleet)}/v1/completions", {
+        "model": "t", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+    assert answer["choices"][0]["text"]
+
+    again = check(fleet)
+    assert again.returncode == 2, again.stdout
+    for part in (ref, unsigned, "no signature", "keys tried: ops"):
+        assert part in again.stderr, again.stderr
+    assert daemon.stop() == 0
