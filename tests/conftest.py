@@ -22,6 +22,7 @@ import yaml
 from plugins.llamacpp import provision
 from plugins.vllm import provision as vllm_provision
 from supervisor.plugin import assemble_example_model, assemble_pair
+from tests.litellm_env import litellm_server
 
 REPO = Path(__file__).resolve().parent.parent
 # The systemd lab's fixtures (lab, lab_daemon): a real systemd manager for launcher tests;
@@ -34,7 +35,7 @@ pytest_plugins = ["tests.systemd_lab", "tests.ray_cluster", "tests.oci_registry"
 # A test is `live` (README, "Tests") when it uses a real part that these fixtures provision:
 # the marker is set here, from the fixtures a test asks for, and nowhere else.
 LIVE_FIXTURES = frozenset({"llama_server_bin", "gemma_model", "model", "model_pair",
-                           "vllm_python", "vllm_model"})
+                           "vllm_python", "vllm_model", "litellm_bin"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -72,6 +73,14 @@ def vllm_python() -> str:
     if found is None:
         found = vllm_provision.install_vllm(progress=lambda msg: print(msg, file=sys.stderr))
     return str(found)
+
+
+@pytest.fixture(scope="session")
+def litellm_bin() -> str:
+    """LiteLLM's proxy, a real OpenAI-compatible server that is no built-in backend (the
+    command backend's live tests): scripts/setup.sh installs it in a venv of its own in the
+    cache; installed here on first use otherwise (about 2 minutes)."""
+    return str(litellm_server(progress=lambda msg: print(msg, file=sys.stderr)))
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """The embedded default launcher: each target is a child process in its own process group.
 
 No orphans, by three layers:
-1. stop() signals the whole process group (SIGTERM, grace, SIGKILL), so helpers
+1. stop() signals the whole process group (SIGTERM or the spec's stop signal, grace,
+   SIGKILL), so helpers
    a runtime forks go with it;
 2. every child gets PR_SET_PDEATHSIG=SIGKILL, so the kernel kills it when the
    daemon dies by any means, SIGKILL included;
@@ -62,9 +63,11 @@ def give_way(pid: int) -> None:
 class ChildProcess(TargetProcess):
     def __init__(self, proc: asyncio.subprocess.Process, log: OutputLog,
                  registry: ChildRegistry, name: str,
-                 on_line: Callable[[str], None] | None = None) -> None:
+                 on_line: Callable[[str], None] | None = None,
+                 stop_signal: int = signal.SIGTERM) -> None:
         super().__init__(proc.pid, log)
         self._proc = proc
+        self._stop_signal = stop_signal
         self._on_line = on_line
         self._registry = registry
         self._name = name
@@ -111,7 +114,7 @@ class ChildProcess(TargetProcess):
     async def stop(self, grace: float) -> int:
         if self._proc.returncode is None:
             self._signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            self._signal_group(signal.SIGTERM)
+            self._signal_group(self._stop_signal)
             try:
                 return await asyncio.wait_for(self.wait(), timeout=grace)
             except TimeoutError:
@@ -173,7 +176,8 @@ class ProcessLauncher(Launcher):
         if background:
             give_way(proc.pid)
         self.children.add(name, proc.pid)
-        return ChildProcess(proc, log, self.children, name, on_line)
+        return ChildProcess(proc, log, self.children, name, on_line,
+                            signal.Signals[spec.stop_signal])
 
     def sweep_orphans(self) -> list[str]:
         return self.children.sweep()

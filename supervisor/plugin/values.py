@@ -22,6 +22,9 @@ class LaunchSpec:
     secret_env: frozenset[str] = frozenset()  # names in env whose values must not be shown
     files: Mapping[str, str] = field(default_factory=dict)  # path -> content, written first
     cwd: str | None = None
+    # What asks the server to stop, before `restart.stop_grace` and SIGKILL: a name as
+    # systemd's KillSignal= and podman's --stop-signal take it (a server may want SIGINT).
+    stop_signal: str = "SIGTERM"
 
     def write_files(self) -> None:
         """Write the files the launch needs (an Ollama Modelfile), each atomically."""

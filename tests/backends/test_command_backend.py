@@ -38,6 +38,27 @@ def test_the_command_fills_its_placeholders():
     assert CommandBackend(target()).tunable_length() is None
 
 
+def test_the_stop_signal_reaches_the_launch_and_every_launchers_way_of_stopping():
+    from supervisor.launcher.container import command as container
+    from supervisor.launcher.systemd.unitfile import render_target
+
+    polite = CommandBackend(target(options={"command": ["srv", "{port}"],
+                                            "stop_signal": "SIGINT"})).launch_spec()
+    plain = CommandBackend(target()).launch_spec()
+    assert polite.stop_signal == "SIGINT" and plain.stop_signal == "SIGTERM"
+    unit = render_target("t", polite, description="d", stop_grace=5, working_directory="/",
+                         env_file=None)
+    assert "KillSignal=SIGINT" in unit.splitlines()
+    run = container.ContainerRun("podman", "img")
+    argv = container.run_argv("t", polite, run)
+    assert argv[argv.index("--stop-signal") + 1] == "SIGINT"
+    assert "--stop-signal" not in container.run_argv("t", plain, run)
+    problems = CommandBackend.check(target(options={"command": ["srv", "{port}"],
+                                                    "stop_signal": "SIGKILL"}))
+    assert problems[0].path == ("options", "stop_signal")
+    assert "SIGINT" in problems[0].message
+
+
 def test_bad_options_are_fleet_file_errors_at_their_place():
     problems = CommandBackend.check(target(options={"command": ["srv", "{prot}"],
                                                     "helth": {}}))

@@ -48,6 +48,16 @@ async def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(t
     assert code == -signal.SIGKILL
 
 
+async def test_a_server_that_stops_on_sigint_gets_sigint_when_its_spec_says_so(tmp_path):
+    # SIGTERM ignored, SIGINT a clean exit: only the spec's stop signal ends it in time.
+    spec = LaunchSpec(("sh", "-c", "trap '' TERM; trap 'echo bye; exit 3' INT; echo ready; "
+                       "while :; do sleep 0.1; done"), stop_signal="SIGINT")
+    child = await launcher(tmp_path).start("polite", spec)
+    await eventually(lambda: "ready" in child.output_tail(), what="its traps to be set")
+    assert await child.stop(grace=5) == 3
+    assert "bye" in child.output_tail()
+
+
 async def test_a_stopped_process_is_still_stopped_promptly(tmp_path):
     child = await launcher(tmp_path).start("frozen", LaunchSpec(("sleep", "300")))
     os.kill(child.pid, signal.SIGSTOP)

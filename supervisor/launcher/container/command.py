@@ -61,7 +61,9 @@ def spec_hash(spec: LaunchSpec, run: ContainerRun) -> str:
     data = {"argv": list(spec.argv), "env": dict(sorted(spec.env.items())),
             "image": run.image, "mounts": list(run.mounts), "gpus": run.gpus if isinstance(
                 run.gpus, str) else list(run.gpus),
-            "port": run.port, "host_network": run.host_network}
+            "port": run.port, "host_network": run.host_network,
+            # only where set: the hash of every container started before it stays the same
+            **({"stop_signal": spec.stop_signal} if spec.stop_signal != "SIGTERM" else {})}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -85,6 +87,8 @@ def run_argv(target: str, spec: LaunchSpec, run: ContainerRun) -> list[str]:
     argv += _gpu_flags(run.engine, run.gpus)
     if run.env_file:
         argv += ["--env-file", run.env_file]
+    if spec.stop_signal != "SIGTERM":  # SIGTERM is the engine's own default
+        argv += ["--stop-signal", spec.stop_signal]
     argv += list(run.extra)
     return [*argv, "--entrypoint", spec.argv[0], run.image, *spec.argv[1:]]
 

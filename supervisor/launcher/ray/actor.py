@@ -65,6 +65,7 @@ class TargetActor:
         self._returncode: int | None = None
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_signal = signal.SIGTERM
 
     async def where(self) -> dict[str, Any]:
         """The node this actor runs on, as Ray and the network know it."""
@@ -88,12 +89,13 @@ class TargetActor:
         return problems
 
     async def start(self, argv: list[str], env: dict[str, str], cwd: str | None,
-                    fingerprint: str) -> int:
+                    fingerprint: str, stop_signal: str = "SIGTERM") -> int:
         """Start the runtime; its pid. The node's CUDA_VISIBLE_DEVICES (set by Ray from the
         actor's num_gpus) is kept: GPU indices in the fleet file are another machine's."""
         self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
         self.fingerprint = fingerprint
+        self._stop_signal = signal.Signals[stop_signal]
         child_env = {**os.environ, **{k: v for k, v in env.items()
                                       if k != "CUDA_VISIBLE_DEVICES"}}
         self._proc = subprocess.Popen(
@@ -159,9 +161,10 @@ class TargetActor:
                 os.killpg(self._proc.pid, sig)
 
     async def stop(self, grace: float) -> int:
-        """SIGTERM to the runtime's process group, `grace` seconds, then SIGKILL."""
+        """SIGTERM (or the start's stop signal) to the runtime's process group, `grace`
+        seconds, then SIGKILL."""
         self._signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-        self._signal(signal.SIGTERM)
+        self._signal(self._stop_signal)
         try:
             return await asyncio.wait_for(self.wait(), grace)
         except TimeoutError:

@@ -63,8 +63,10 @@ def num_gpus(target: Target) -> int:
 def fingerprint(spec: LaunchSpec, target: Target) -> str:
     """What the running actor must match to be adopted: the command and where it may run."""
     env = {k: v for k, v in spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}
-    text = json.dumps([list(spec.argv), env, spec.cwd, target.ray.model_dump(mode="json"),
-                       num_gpus(target)], sort_keys=True, default=str)
+    what = [list(spec.argv), env, spec.cwd, target.ray.model_dump(mode="json"), num_gpus(target)]
+    if spec.stop_signal != "SIGTERM":  # only where set: actors started before keep theirs
+        what.append(spec.stop_signal)
+    text = json.dumps(what, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -240,7 +242,7 @@ class RayLauncher(Launcher):
             if problems:
                 raise SpecfleetError(f"on node {node}: " + "; ".join(problems))
             pid = await handle.start.remote(list(spec.argv), dict(spec.env), spec.cwd,
-                                            fingerprint(spec, target))
+                                            fingerprint(spec, target), spec.stop_signal)
         except TimeoutError:
             await self.cluster.discard(handle)
             raise SpecfleetError(f"Ray did not place the actor {actor_name(name)} on node "

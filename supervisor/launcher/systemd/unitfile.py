@@ -94,7 +94,7 @@ def render_target(name: str, spec: LaunchSpec, *, description: str, stop_grace: 
     lines += [
         "Restart=no",
         "KillMode=control-group",
-        "KillSignal=SIGTERM",
+        f"KillSignal={spec.stop_signal}",
         f"TimeoutStopSec={max(1, round(stop_grace))}s",
         "SendSIGKILL=yes",
         "StandardOutput=journal",
