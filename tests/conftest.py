@@ -209,6 +209,14 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 5.0,
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def in_flight(fleet: Path, name: str) -> int:
+    """Requests the proxy is relaying to `name` now, asked of the API (status.json is
+    rewritten only every few seconds; a short request could begin and end between two)."""
+    api = yaml.safe_load(fleet.read_text())["daemon"]["api"]
+    with urllib.request.urlopen(f"http://{api}/v1/targets/{name}", timeout=30) as resp:
+        return int(json.loads(resp.read())["requests"]["in_flight"])
+
+
 def plain_step_measured(daemon: DaemonProcess, name: str, timeout: float = 300) -> None:
     """Wait, with no traffic, until the tuner's calibration beside the server has measured
     the plain step. It gives way to serving (supervision/calibration.py): under traffic

@@ -20,7 +20,15 @@ import yaml
 from supervisor.config.loader import load_fleet
 from supervisor.plugin.registry import default_registry
 from supervisor.tuning.store import fingerprint, runtime_key
-from tests.conftest import FAST_RESTART, DaemonProcess, llama_target, runtime_pids, wait_for, write_fleet
+from tests.conftest import (
+    FAST_RESTART,
+    DaemonProcess,
+    in_flight,
+    llama_target,
+    runtime_pids,
+    wait_for,
+    write_fleet,
+)
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(a, b):\n"
 
@@ -75,14 +83,6 @@ def in_background(fn: Any, *args: Any, **kw: Any) -> tuple[threading.Thread, dic
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, out
-
-
-def in_flight(fleet: Path, name: str) -> int:
-    """Requests the proxy is relaying to `name` now, asked of the API (status.json is
-    rewritten only every few seconds; a short request could begin and end between two)."""
-    api = yaml.safe_load(fleet.read_text())["daemon"]["api"]
-    with urllib.request.urlopen(f"http://{api}/v1/targets/{name}", timeout=30) as resp:
-        return int(json.loads(resp.read())["requests"]["in_flight"])
 
 
 def loaded(daemon: DaemonProcess) -> set[str]:

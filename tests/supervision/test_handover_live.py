@@ -18,7 +18,13 @@ from pathlib import Path
 import psutil
 import yaml
 
-from tests.conftest import llama_target, plain_step_measured, wait_for, write_fleet
+from tests.conftest import (
+    in_flight,
+    llama_target,
+    plain_step_measured,
+    wait_for,
+    write_fleet,
+)
 
 REPEAT = ("def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n"
           "def volume(w, h, d):\n    return w * h * d\n\n"
@@ -237,7 +243,8 @@ def test_a_reload_that_restarts_a_target_in_place_holds_its_requests_and_finishe
     with Traffic(proxy_of(fleet)) as traffic:
         wait_for(lambda: traffic.count() >= 4, 60, "traffic")
         thread = long_request(proxy_of(fleet), "t", long)
-        time.sleep(1.5)  # in flight: 200 tokens beside two clients take several seconds
+        # In flight at the proxy: more than the two clients can have there at once.
+        wait_for(lambda: in_flight(fleet, "t") == 3, 60, "the long request in flight")
         changed_ctx(fleet, "1024")
         daemon.signal(signal.SIGHUP)
         wait_for(lambda: (t := daemon.target("t")).get("state") == "ready"
