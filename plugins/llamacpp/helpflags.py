@@ -6,7 +6,9 @@ flag at start with its usage text. Its `--help` (common/arg.cpp's printer) lists
 option as one entry: the spellings, comma-separated, then a value placeholder where it
 takes one (`-c,    --ctx-size N`), and from column 40 on its description, which for a flag
 that is gone says "the argument has been removed. use ..." and for one on its way out
-"(DEPRECATED)". A flag that is in no entry is not one of this build's.
+"(DEPRECATED)". A flag that is in no entry is not one of this build's. A value placeholder
+that lists the values (`[on|off|auto]`, or `none,draft-simple,...` for a list of them) names
+all the build takes: b9093's `--spec-type` has no `draft-simple`, b11434's has.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ _REMOVED = "the argument has been removed."
 _LEFT_END = re.compile(r"(?<=[^,\s])\s{2,}")
 _FLAG = re.compile(r"^--?[A-Za-z][\w.-]*$")
 _NUMBER = re.compile(r"^-\d|^-\.\d")
+_WORD = r"[a-z][a-z0-9-]*"
+_ONE_OF = re.compile(rf"^\[({_WORD}(?:\|{_WORD})+)\]$")  # [on|off|auto]: one of them
+_SOME_OF = re.compile(rf"^({_WORD}(?:,{_WORD})+)$")  # none,draft-simple,...: a list of them
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,19 @@ class HelpFlags:
     takes_value: dict[str, bool] = field(default_factory=dict)  # every flag it lists
     removed: dict[str, str] = field(default_factory=dict)  # flag -> what the help says instead
     deprecated: frozenset[str] = frozenset()
+    # flag -> (the values it takes, whether a comma-separated list of them)
+    choices: dict[str, tuple[tuple[str, ...], bool]] = field(default_factory=dict)
+
+    def why_not_value(self, flag: str, value: str) -> str | None:
+        """Why `value` cannot follow `flag` (not among the values its help lists)."""
+        if flag not in self.choices:
+            return None
+        values, many = self.choices[flag]
+        given = value.split(",") if many else [value]
+        bad = [v for v in given if v not in values]
+        if not bad:
+            return None
+        return f"does not take {bad[0]!r} (its values: {', '.join(values)})"
 
     def why_not(self, flag: str) -> str | None:
         """Why `flag` cannot be given to this build (removed, or not listed); None: fine."""
@@ -48,6 +66,7 @@ def parse_help(text: str) -> HelpFlags:
     takes_value: dict[str, bool] = {}
     removed: dict[str, str] = {}
     deprecated: set[str] = set()
+    choices: dict[str, tuple[tuple[str, ...], bool]] = {}
     entries: list[tuple[list[str], bool, list[str]]] = []  # (flags, takes a value, description)
     for line in text.splitlines():
         if line.startswith("-"):
@@ -56,6 +75,12 @@ def parse_help(text: str) -> HelpFlags:
             flags = [w for w in words if _FLAG.match(w)]
             if flags:
                 entries.append((flags, len(flags) < len(words), [description]))
+                placeholders = [w for w in words if not _FLAG.match(w)]
+                if len(placeholders) == 1 and (m := _ONE_OF.match(placeholders[0])
+                                               or _SOME_OF.match(placeholders[0])):
+                    many = "," in m.group(1)
+                    for flag in flags:
+                        choices[flag] = (tuple(m.group(1).split("," if many else "|")), many)
         elif entries and line.startswith(" ") and line.strip():
             entries[-1][2].append(line.strip())
     for flags, value, description in entries:
@@ -68,7 +93,7 @@ def parse_help(text: str) -> HelpFlags:
                 removed[flag] = instead
         elif "(DEPRECATED)" in said:
             deprecated.update(flags)
-    return HelpFlags(takes_value, removed, frozenset(deprecated))
+    return HelpFlags(takes_value, removed, frozenset(deprecated), choices)
 
 
 def _split(line: str) -> tuple[str, str]:
@@ -96,6 +121,16 @@ def flags_of(argv: Sequence[str], help_flags: HelpFlags) -> list[tuple[int, str]
 
 
 def flag_problems(argv: Sequence[str], help_flags: HelpFlags) -> list[tuple[int, str, str]]:
-    """(index, flag, why) of each flag on `argv` this build does not take."""
-    return [(i, flag, why) for i, flag in flags_of(argv, help_flags)
-            if (why := help_flags.why_not(flag)) is not None]
+    """(index, flag, why) of each flag on `argv` this build does not take, or whose value
+    is not one its help lists."""
+    out = []
+    for i, flag in flags_of(argv, help_flags):
+        why = help_flags.why_not(flag)
+        if why is None and flag in help_flags.choices:
+            _, eq, value = argv[i].partition("=")
+            if not eq and i + 1 < len(argv):
+                value = argv[i + 1]
+            why = help_flags.why_not_value(flag, value) if (eq or i + 1 < len(argv)) else None
+        if why is not None:
+            out.append((i, flag, why))
+    return out

@@ -1,6 +1,7 @@
 """plugins/llamacpp/helpflags.py: the flags a llama-server build takes, from its own `--help`
-(the real b11434 text, recorded in tests/fixtures/), and a command line checked against
-them."""
+(the real texts of b11434, the build specfleet is written against and the newest on PyPI,
+and of b9093, the oldest there, recorded in tests/fixtures/), and a command line checked
+against them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 from plugins.llamacpp.helpflags import HelpFlags, flag_problems, flags_of, parse_help
 
-B11434 = parse_help((Path(__file__).resolve().parents[1] / "fixtures"
-                     / "llama-server-b11434-help.txt").read_text())
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+B11434 = parse_help((FIXTURES / "llama-server-b11434-help.txt").read_text())
+B9093 = parse_help((FIXTURES / "llama-server-b9093-help.txt").read_text())
 
 
 def test_every_spelling_of_an_entry_is_a_flag_and_knows_whether_it_takes_a_value():
@@ -60,3 +62,30 @@ def test_each_problem_names_the_flag_and_what_the_help_says():
 def test_a_help_that_is_not_a_llama_servers_lists_no_flag():
     assert parse_help("") == HelpFlags()
     assert parse_help("sleep: unrecognized option '--help'\nTry 'sleep --help'\n") == HelpFlags()
+
+
+def test_an_older_build_takes_what_it_lists_and_refuses_what_came_later():
+    # b9093 still had --mlock and --no-mmap (b11434 replaced them by --load-mode), had no
+    # --spec-synth-rates, and its --spec-type knew the n-gram kinds only.
+    assert flag_problems(["--no-mmap", "--mlock", "--ctx-size", "2048"], B9093) == []
+    assert flag_problems(["--load-mode", "mmap", "--spec-synth-rates", "0.9"], B9093) == [
+        (0, "--load-mode", "is not one of its flags"),
+        (2, "--spec-synth-rates", "is not one of its flags")]
+    assert [w for _, _, w in flag_problems(["--no-mmap"], B11434)] == ["is not one of its flags"]
+    # The draft flags specfleet generates were already there; the value was not.
+    draft = ["--spec-type", "draft-simple", "--spec-draft-model", "/m/d.gguf",
+             "--spec-draft-n-max", "4"]
+    assert flag_problems(draft, B11434) == []
+    assert flag_problems(draft, B9093) == [
+        (0, "--spec-type", "does not take 'draft-simple' (its values: none, ngram-cache, "
+                           "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod)")]
+    assert B9093.removed["--draft-max"] == B11434.removed["--draft-max"]
+
+
+def test_the_values_a_help_lists_are_checked_one_or_a_list_of_them():
+    assert B11434.choices["--flash-attn"] == (("on", "off", "auto"), False)
+    assert B11434.choices["--spec-type"][1] is True  # b11434 takes a list: ngram-mod,draft-mtp
+    assert flag_problems(["--spec-type=ngram-mod,draft-simple", "-fa", "on"], B11434) == []
+    assert flag_problems(["-fa", "yes"], B11434) == [
+        (0, "-fa", "does not take 'yes' (its values: on, off, auto)")]
+    assert "--tensor-split" not in B11434.choices  # N0,N1,N2,... is a placeholder, not values

@@ -8,6 +8,7 @@ run on these machines, and the daemon only ever sees the output and the exit sta
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 from supervisor.gpu import oom
 from tests.conftest import llama_target, write_fleet
@@ -23,10 +24,14 @@ main: exiting due to model loading error
 """
 
 
+# It answers --help as the real build does: every flag specfleet gives is checked against it.
+HELP = Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434-help.txt"
+
+
 def fake_server(tmp_path):
     script = tmp_path / "llama-server"
     script.write_text("#!/bin/sh\n"
-                      'case "$1" in --help) echo "--spec-type TYPE"; exit 0;; '
+                      f'case "$1" in --help) cat {HELP}; exit 0;; '
                       '--version) echo "version: 11434 (cuda-oom-fixture)"; exit 0;; esac\n'
                       f"echo 'started' >> {tmp_path}/starts\n"
                       f"cat >&2 <<'EOF'\n{CUDA_OOM}EOF\nexit 1\n")
