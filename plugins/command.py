@@ -83,6 +83,9 @@ class CommandOptions(BaseModel):
     metrics: Metrics | None = None
     memory: int | None = Field(default=None, ge=0)  # bytes (the fleet file's sizes: 6GiB)
     served_model: str | None = None
+    # The environment variable the server reads its API key from (LiteLLM's
+    # LITELLM_MASTER_KEY): the target's `api_key` is put there, never on the command line.
+    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     # What asks it to stop, before restart.stop_grace and SIGKILL (some servers finish their
     # work on SIGINT and ignore SIGTERM).
     stop_signal: Literal["SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1",
@@ -161,7 +164,10 @@ class CommandBackend(Backend):
                   "draft_length": str(length if length is not None else "")}
         argv = tuple(arg.format(**values) for arg in self.options.command)
         env = {**dict(t.env), **cuda_env(t, placement)}
-        return LaunchSpec(argv, env, stop_signal=self.options.stop_signal)
+        secret: frozenset[str] = frozenset()
+        if (name := self.options.key_env) and (key := api_key(t)) is not None:
+            env[name], secret = key, frozenset({name})
+        return LaunchSpec(argv, env, secret_env=secret, stop_signal=self.options.stop_signal)
 
     def resolve_binary(self) -> str:
         return self.options.command[0]

@@ -7,13 +7,17 @@ built-in backends:
   answered, and neither the router nor the child it started outlives its unload or a kill.
 - LiteLLM's proxy (PyPI `litellm[proxy]`, in a venv of its own in the cache) in front of a
   llama.cpp target of the same fleet: the proxy routes to it by its served model name, its
-  counters are none (status says speculation is its business), kill -9 restarts it.
+  counters are none (status shows nothing to tune), kill -9 restarts it; LiteLLM starts only
+  with a master key, which the target's `api_key` gives it through `options.key_env`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import signal
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +102,24 @@ def test_a_llama_server_router_swaps_on_demand_with_a_llamacpp_target(
     assert daemon.target("router")["restarts"] == 1
 
 
+def chat(fleet: Path, model: str, stream: bool = False) -> str:
+    """A chat completion through specfleet's proxy: the answer's text (streamed: every
+    chunk's, after checking that the stream ended with [DONE])."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 16, "temperature": 0, "stream": stream}
+    proxy = "http://" + yaml.safe_load(fleet.read_text())["daemon"]["proxy"]["listen"]
+    req = urllib.request.Request(f"{proxy}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        raw = resp.read().decode()
+    if not stream:
+        return str(json.loads(raw)["choices"][0]["message"]["content"])
+    events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", raw[-300:]
+    return "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
+                   for e in events[:-1] if json.loads(e)["choices"])
+
+
 def litellm_config(path: Path, upstream_port: int) -> Path:
     path.write_text(yaml.safe_dump({"model_list": [{
         "model_name": "chat",
@@ -106,26 +128,31 @@ def litellm_config(path: Path, upstream_port: int) -> Path:
     return path
 
 
-def test_litellms_proxy_in_front_of_a_llamacpp_target_serves_restarts_and_says_what_it_lacks(
+def test_litellms_proxy_in_front_of_a_llamacpp_target_serves_and_restarts(
         tmp_path, model, llama_server_bin, litellm_bin, start_daemon):
     upstream = llama_target(model, llama_server_bin)
     config = litellm_config(tmp_path / "litellm.yaml", upstream["port"])
+    key = tmp_path / "litellm.key"  # LiteLLM starts only with a master key
+    key.write_text("sk-" + secrets.token_hex(32))
     gateway = command_target([litellm_bin, "--config", "{model}", "--host", "{host}",
                               "--port", "{port}", "--num_workers", "1"], str(config),
-                             options={"served_model": "chat",
+                             api_key={"file": str(key)},
+                             options={"served_model": "chat", "key_env": "LITELLM_MASTER_KEY",
                                       "health": {"path": "/health/liveliness"}})
     gateway["health"]["start_timeout"] = "180s"  # LiteLLM imports for a while on 2 cores
     fleet = write_fleet(tmp_path, {"llm": upstream, "gateway": gateway})
     daemon = start_daemon(fleet)
     daemon.wait_state("llm", "ready", 60)
     first = daemon.wait_state("gateway", "ready", 240)
-    text = complete(fleet, "gateway")
-    assert text and text == complete(fleet, "llm")  # temperature 0: the same server answers
-    assert complete(fleet, "gateway", stream=True)
+    # No counters named, no {draft_length}: nothing to read or tune, and status says so.
+    assert first["speculation"]["tunable"] is None and first["metrics"] == {}
+    text = chat(fleet, "gateway")
+    assert text and text == chat(fleet, "llm")  # temperature 0: the same server answers
+    assert chat(fleet, "gateway", stream=True) == text
 
     os.kill(first["pid"], signal.SIGKILL)
     again = wait_for(lambda: (t := daemon.target("gateway")).get("state") == "ready"
                      and t.get("pid") != first["pid"] and t, 300, "LiteLLM started again")
     assert again["restarts"] == 1
-    assert complete(fleet, "gateway") == text
+    assert chat(fleet, "gateway") == text
     assert daemon.target("llm")["restarts"] == 0
