@@ -23,7 +23,7 @@ EVERYWHERE = {"kill_runtime", "stop_runtime", "kill_daemon", "reload_changed", "
               "api_restart", "model_gone", "truncated_then_whole", "key_rotated"}
 
 
-def test_ten_minutes_of_faults_lose_no_request_and_leave_nothing_behind(
+def test_every_fault_kind_under_traffic_loses_no_request_and_leaves_nothing_behind(
         tmp_path, gemma_model, llama_server_bin):
     result_path = tmp_path / "soak.json"
     run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak.py"),
