@@ -165,6 +165,33 @@ def test_a_layer_is_verified_while_streaming_unpacked_and_found_again(tmp_path):
     assert list((tmp_path / "tmp").iterdir()) == []  # no blob left behind
 
 
+def test_zstd_layers_of_either_archive_are_streamed_out_as_a_modelpack_names_them(tmp_path):
+    # CNCF ModelPack's weight.v1.tar+zstd and .raw+zstd, compressed as a streaming writer
+    # does (frames without a content size), by the zstandard package itself.
+    import zstandard
+
+    def zstd(data: bytes) -> bytes:
+        out = io.BytesIO()
+        with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as writer:
+            writer.write(data)
+        return out.getvalue()
+
+    weights = os.urandom(3000) * 50  # larger than one read, compressible
+    tarred = zstd(tar_of({"models": None, "models/w.gguf": weights}))
+    raw = zstd(weights)
+    for media, blob, path in (("application/vnd.cncf.model.weight.v1.tar+zstd", tarred,
+                               "models/w.gguf"),
+                              ("application/vnd.cncf.model.weight.v1.raw+zstd", raw, "w.gguf")):
+        pack = {"mediaType": artifact.OCI_MANIFEST, "artifactType": artifact.MODELPACK_MANIFEST,
+                "config": {"mediaType": artifact.MODELPACK_CONFIG, "digest": D, "size": 1},
+                "layers": [{"mediaType": media, "digest": sha(blob), "size": len(blob),
+                            "annotations": {artifact.FILEPATH_ANNOTATION: path}}]}
+        layer = artifact.read(json.dumps(pack).encode(), None).model()
+        assert layer.compression == "zstd" and layer.archive in media
+        store = LayerStore(tmp_path / layer.archive)
+        assert asyncio.run(store.put(layer, chunks(blob, 4096))).read_bytes() == weights
+
+
 def test_a_tampered_blob_is_refused_with_both_digests_and_leaves_nothing(tmp_path):
     store = LayerStore(tmp_path)
     good = tar_of({"m.gguf": b"good"})
