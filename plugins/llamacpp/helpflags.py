@@ -6,9 +6,10 @@ flag at start with its usage text. Its `--help` (common/arg.cpp's printer) lists
 option as one entry: the spellings, comma-separated, then a value placeholder where it
 takes one (`-c,    --ctx-size N`), and from column 40 on its description, which for a flag
 that is gone says "the argument has been removed. use ..." and for one on its way out
-"(DEPRECATED)". A flag that is in no entry is not one of this build's. A value placeholder
-that lists the values (`[on|off|auto]`, or `none,draft-simple,...` for a list of them) names
-all the build takes: b9093's `--spec-type` has no `draft-simple`, b11434's has.
+"(DEPRECATED)" (b10405: "DEPRECATED in favor of ..."). A flag that is in no entry is not
+one of this build's. A value placeholder that lists the values (`[on|off|auto]`, or
+`none,draft-simple,...` for a list of them) names all the build takes: b9093's
+`--spec-type` has no `draft-simple`, b11434's has.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def parse_help(text: str) -> HelpFlags:
             instead = said[len(_REMOVED):].split("(env:")[0].strip()
             for flag in flags:
                 removed[flag] = instead
-        elif "(DEPRECATED)" in said:
+        elif "(DEPRECATED)" in said or said.startswith("DEPRECATED"):  # b11434's, b10405's
             deprecated.update(flags)
     return HelpFlags(takes_value, removed, frozenset(deprecated), choices)
 

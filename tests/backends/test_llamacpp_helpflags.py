@@ -1,7 +1,7 @@
 """plugins/llamacpp/helpflags.py: the flags a llama-server build takes, from its own `--help`
 (the real texts of b11434, the build specfleet is written against and the newest on PyPI,
-and of b9093, the oldest there, recorded in tests/fixtures/), and a command line checked
-against them."""
+of b10405 and of b9093, the oldest there, recorded in tests/fixtures/), and a command line
+checked against them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from plugins.llamacpp.helpflags import HelpFlags, flag_problems, flags_of, parse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 B11434 = parse_help((FIXTURES / "llama-server-b11434-help.txt").read_text())
+B10405 = parse_help((FIXTURES / "llama-server-b10405-help.txt").read_text())
 B9093 = parse_help((FIXTURES / "llama-server-b9093-help.txt").read_text())
 
 
@@ -89,3 +90,22 @@ def test_the_values_a_help_lists_are_checked_one_or_a_list_of_them():
     assert flag_problems(["-fa", "yes"], B11434) == [
         (0, "-fa", "does not take 'yes' (its values: on, off, auto)")]
     assert "--tensor-split" not in B11434.choices  # N0,N1,N2,... is a placeholder, not values
+
+
+def test_three_builds_each_take_the_flags_of_their_time():
+    def refused(argv: list[str], build: HelpFlags) -> list[str]:
+        return [flag for _, flag, _ in flag_problems(argv, build)]
+
+    # --no-mmap: taken by b9093, deprecated by b10405 in favour of --load-mode, gone in b11434.
+    assert refused(["--no-mmap"], B9093) == refused(["--no-mmap"], B10405) == []
+    assert "--no-mmap" in B10405.deprecated and "--mlock" in B10405.deprecated
+    assert refused(["--no-mmap"], B11434) == ["--no-mmap"]
+    assert refused(["--load-mode", "mmap"], B9093) == ["--load-mode"]
+    assert refused(["--load-mode", "mmap"], B10405) == refused(["--load-mode", "mmap"], B11434) == []
+    # The synthetic acceptance of the tuner's calibration came with b11434.
+    synth = ["--spec-synth-rates", "0.9,0.5", "--spec-synth-len", "4"]
+    assert refused(synth, B10405) == ["--spec-synth-rates", "--spec-synth-len"]
+    assert refused(synth, B11434) == []
+    # A draft model's spec type: b10405 takes the list b11434 does.
+    assert B10405.choices["--spec-type"] == B11434.choices["--spec-type"]
+    assert all(B.removed["--draft-max"] for B in (B9093, B10405, B11434))
