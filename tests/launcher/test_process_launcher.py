@@ -50,6 +50,16 @@ async def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(t
 
 async def test_a_server_that_stops_on_sigint_gets_sigint_when_its_spec_says_so(tmp_path):
     # SIGTERM ignored, SIGINT a clean exit: only the spec's stop signal ends it in time.
+    # The daemon may itself have SIGINT ignored (started as `specfleet run ... &` from a
+    # script): the server must not inherit that, or its shell could not even trap it.
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        await _stops_on_sigint(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+async def _stops_on_sigint(tmp_path):
     spec = LaunchSpec(("sh", "-c", "trap '' TERM; trap 'echo bye; exit 3' INT; echo ready; "
                        "while :; do sleep 0.1; done"), stop_signal="SIGINT")
     child = await launcher(tmp_path).start("polite", spec)

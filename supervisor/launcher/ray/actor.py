@@ -29,9 +29,13 @@ _GGUF_MAGIC = b"GGUF"
 
 
 def _die_with_actor() -> None:
-    """Runs in the child between fork and exec: SIGKILL when the actor's thread dies."""
+    """Runs in the child between fork and exec: SIGKILL when the actor's thread dies; the
+    stop signals at their defaults (launcher/process.py says why)."""
+    from supervisor.launcher.process import default_stop_signals
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    default_stop_signals(libc)
 
 
 def file_problem(role: str, path: str, daemon_size: int | None) -> str | None:
