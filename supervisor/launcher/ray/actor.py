@@ -28,14 +28,21 @@ _KEEP_LINES = 2000  # lines kept for a reader that fell behind (a daemon restart
 _GGUF_MAGIC = b"GGUF"
 
 
+# The signals a runtime may be stopped by (launcher/process.py's STOP_SIGNALS; this module
+# runs inside Ray's worker and imports nothing of the daemon's).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1,
+                 signal.SIGUSR2)
+
+
 def _die_with_actor() -> None:
     """Runs in the child between fork and exec: SIGKILL when the actor's thread dies; the
-    stop signals at their defaults (launcher/process.py says why)."""
-    from supervisor.launcher.process import default_stop_signals
-
+    stop signals at their defaults (launcher/process.py says why). Nothing is imported
+    here: another thread may have held the import lock at the fork."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    default_stop_signals(libc)
+    for sig in _STOP_SIGNALS:
+        libc.signal(int(sig), 0)  # SIG_DFL
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def file_problem(role: str, path: str, daemon_size: int | None) -> str | None:
