@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from plugins.llamacpp.helpflags import HelpFlags, flag_problems, parse_help
-from supervisor.plugin import Executor, SpecfleetError, cache_root, file_identity
+from supervisor.plugin import Executor, SpecfleetError, cache_root, file_identity, file_sha256
 
 HELP_TIMEOUT = 30.0  # seconds: --help loads no model; a slow disk may still take a while
 
@@ -59,7 +58,7 @@ def local_build(binary: str) -> Build:
         raise SpecfleetError(f"cannot read {binary}")
     if identity in _by_identity:
         return _by_identity[identity]
-    digest = _sha256(Path(binary))
+    digest = file_sha256(Path(binary))
     kept = cache_root() / "llama-help" / f"{digest}.json"
     try:
         data = json.loads(kept.read_text())
@@ -101,11 +100,3 @@ def _run(binary: str, flag: str) -> str:
 def _version(text: str) -> str:
     line = next((ln for ln in text.splitlines() if ln.startswith("version")), "unknown")
     return line.removeprefix("version:").strip()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

